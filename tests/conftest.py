@@ -1,0 +1,18 @@
+"""Test set-up: four logical CPU devices before the TF runtime starts.
+
+Depthwise placement and MirroredStrategy tests need several devices; on a
+CPU-only machine they are simulated with logical CPU devices (see
+../shared/docs/interlocking.md). This must run before any tensor is created.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+NUM_TEST_DEVICES = 4
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES)
