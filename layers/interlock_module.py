@@ -1,0 +1,110 @@
+"""`InterlockModule`: one depthwise module of an interlocking network.
+
+A network split depthwise into K modules M_1..M_K (Gomez et al., 2022,
+arXiv:2010.04116, Sec. 3) is a stack of these layers. Each wraps
+
+* a *body*: the module's main layers (weights theta_k), and
+* an optional *auxiliary head* A_k (weights phi_k) that predicts the task
+  from the module's output h_k, giving the local loss L_k.
+
+The module's input is cut with `tf.stop_gradient`: no gradient ever crosses a
+module boundary implicitly. The training engine (`tf_interlock.engine`) moves
+gradients between modules only as explicit cotangents, which is what lets
+each module run on its own core.
+"""
+
+import keras
+import tensorflow as tf
+
+
+def _as_layer(body, name):
+  """Turns a layer, a model or a list of layers into one Keras layer."""
+  if isinstance(body, (list, tuple)):
+    if not body:
+      raise ValueError(
+          f"An InterlockModule needs at least one layer in its body. "
+          f"Received: body={body!r}")
+    return keras.Sequential(list(body), name=name)
+  if not isinstance(body, keras.layers.Layer):
+    raise TypeError(
+        "The body must be a Keras layer, a Keras model or a list of Keras "
+        f"layers. Received: body={body!r}")
+  return body
+
+
+@keras.saving.register_keras_serializable(package="tf_interlock")
+class InterlockModule(keras.layers.Layer):
+  """A module group with an optional auxiliary head and a gradient cut.
+
+  Args:
+    body: a Keras layer, a Keras model, or a list of Keras layers (wrapped in
+      a `keras.Sequential`): the module's main computation, h_k = M_k(h_{k-1}).
+    aux_head: optional Keras layer mapping h_k to task logits (the auxiliary
+      head A_k). The last module of a network usually has none: its body ends
+      with the model's own output head.
+    **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+  Call arguments:
+    inputs: the previous module's output h_{k-1} (or the network input).
+    training: Python bool, passed to the body and the head.
+
+  Returns:
+    `h_k` when there is no aux head, else the tuple `(h_k, aux_logits)`.
+  """
+
+  def __init__(self, body, aux_head=None, **kwargs):
+    super().__init__(**kwargs)
+    self.body = _as_layer(body, name=f"{self.name}_body")
+    if aux_head is not None and not isinstance(aux_head, keras.layers.Layer):
+      raise TypeError(
+          f"aux_head must be a Keras layer or None. Received: "
+          f"aux_head={aux_head!r}")
+    self.aux_head = aux_head
+
+  @property
+  def has_aux_head(self):
+    return self.aux_head is not None
+
+  def build(self, input_shape):
+    if not self.body.built:
+      self.body.build(input_shape)
+    if self.aux_head is not None and not self.aux_head.built:
+      self.aux_head.build(self.body.compute_output_shape(input_shape))
+
+  def forward(self, inputs, training=False):
+    """h_k = M_k(stop_gradient(h_{k-1})): the body alone, input cut."""
+    return self.body(tf.stop_gradient(inputs), training=training)
+
+  def aux_logits(self, outputs, training=False):
+    """A_k(h_k): the auxiliary head's logits for this module's output."""
+    if self.aux_head is None:
+      raise ValueError(f"Module {self.name!r} has no auxiliary head.")
+    return self.aux_head(outputs, training=training)
+
+  def call(self, inputs, training=False):
+    outputs = self.forward(inputs, training=training)
+    if self.aux_head is None:
+      return outputs
+    return outputs, self.aux_logits(outputs, training=training)
+
+  def compute_output_shape(self, input_shape):
+    out = self.body.compute_output_shape(input_shape)
+    if self.aux_head is None:
+      return out
+    return out, self.aux_head.compute_output_shape(out)
+
+  def get_config(self):
+    config = super().get_config()
+    config["body"] = keras.saving.serialize_keras_object(self.body)
+    config["aux_head"] = (None if self.aux_head is None else
+                          keras.saving.serialize_keras_object(self.aux_head))
+    return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    config["body"] = keras.saving.deserialize_keras_object(config["body"])
+    if config.get("aux_head") is not None:
+      config["aux_head"] = keras.saving.deserialize_keras_object(
+          config["aux_head"])
+    return cls(**config)

@@ -1,0 +1,126 @@
+"""The training strategy as one value: the interlocking window n.
+
+Interlocking backpropagation (Gomez et al., 2022, arXiv:2010.04116, Sec. 3)
+is a family indexed by one integer, the window n >= 1, over K modules:
+
+* n = 1: local learning; module k is trained by its own auxiliary loss.
+* n = 2: pairwise interlocking; module k is trained by the loss of module
+  k + 1 (carried back through module k + 1).
+* 1 < n < K: n-wise interlocking; module k is trained by the loss n - 1
+  modules ahead.
+* n >= K: end-to-end backpropagation; every module is trained by the final
+  loss.
+
+The variant picks which losses of the window train module k: "only" (the
+released implementation's rule) uses L_target(k) alone, "sum" uses
+L_k + ... + L_target(k). With n >= K both variants are end-to-end: auxiliary
+heads are then probes that never touch the main weights.
+"""
+
+import dataclasses
+import re
+from typing import Optional
+
+VARIANTS = ("only", "sum")
+_NWISE = re.compile(r"^(\d+)wise$")
+_ALLOWED = "'e2e', 'local', 'pairwise' or 'Nwise' (N >= 1, e.g. '2wise')"
+
+
+@dataclasses.dataclass(frozen=True)
+class InterlockStrategy:
+  """An interlocking window and variant.
+
+  Attributes:
+    window: n >= 1, or None for end-to-end whatever the number of modules.
+    variant: "only" (default) or "sum".
+  """
+  window: Optional[int] = None
+  variant: str = "only"
+
+  def __post_init__(self):
+    if self.window is not None:
+      if isinstance(self.window, bool) or not isinstance(self.window, int):
+        raise TypeError(
+            f"window must be an int >= 1 or None (end-to-end). "
+            f"Received: window={self.window!r}")
+      if self.window < 1:
+        raise ValueError(
+            f"window must be >= 1 (1 = local, 2 = pairwise, None = "
+            f"end-to-end). Received: window={self.window}")
+    if self.variant not in VARIANTS:
+      raise ValueError(
+          f"variant must be one of {VARIANTS}. "
+          f"Received: variant={self.variant!r}")
+
+  def effective_window(self, num_modules):
+    """min(n, K): the window actually used with `num_modules` modules."""
+    if num_modules < 1:
+      raise ValueError(
+          f"num_modules must be >= 1. Received: num_modules={num_modules}")
+    if self.window is None:
+      return num_modules
+    return min(self.window, num_modules)
+
+  def is_end_to_end(self, num_modules):
+    return self.effective_window(num_modules) >= num_modules
+
+  def target(self, k, num_modules):
+    """target(k) = min(k + n - 1, K - 1), with 0-based module index k."""
+    return min(k + self.effective_window(num_modules) - 1, num_modules - 1)
+
+  @property
+  def name(self):
+    if self.window is None:
+      return "e2e"
+    base = {1: "local", 2: "2wise"}.get(self.window, f"{self.window}wise")
+    return base if self.variant == "only" or self.window == 1 else (
+        f"{base}-{self.variant}")
+
+  def __str__(self):
+    return self.name
+
+
+def parse_strategy(spec, variant=None):
+  """Parses 'e2e', 'local', 'pairwise' or 'Nwise', with an optional variant.
+
+  A variant may also be given as a suffix: '2wise-sum', '3wise:only'.
+
+  Args:
+    spec: the strategy string, an int window, or an `InterlockStrategy`.
+    variant: "only" or "sum"; overrides a suffix. Defaults to "only".
+
+  Returns:
+    An `InterlockStrategy`.
+
+  Raises:
+    ValueError: for an unknown strategy string or variant.
+  """
+  if isinstance(spec, InterlockStrategy):
+    if variant is None:
+      return spec
+    return InterlockStrategy(spec.window, variant)
+  if isinstance(spec, int) and not isinstance(spec, bool):
+    return InterlockStrategy(spec, variant or "only")
+  if not isinstance(spec, str):
+    raise ValueError(f"strategy must be {_ALLOWED}. Received: strategy={spec!r}")
+  text = spec.strip().lower()
+  suffix = None
+  for sep in ("-", ":"):
+    if sep in text:
+      text, suffix = text.split(sep, 1)
+      break
+  if suffix is not None and suffix not in VARIANTS:
+    raise ValueError(
+        f"strategy variant must be one of {VARIANTS}. "
+        f"Received: strategy={spec!r}")
+  chosen = variant or suffix or "only"
+  if text == "e2e":
+    return InterlockStrategy(None, chosen)
+  if text == "local":
+    return InterlockStrategy(1, chosen)
+  if text == "pairwise":
+    return InterlockStrategy(2, chosen)
+  match = _NWISE.match(text)
+  if match and int(match.group(1)) >= 1:
+    return InterlockStrategy(int(match.group(1)), chosen)
+  raise ValueError(f"strategy must be {_ALLOWED}. Received: strategy={spec!r}")
