@@ -16,3 +16,16 @@ NUM_TEST_DEVICES = 4
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def mirrored():
+  """One MirroredStrategy over two logical CPUs for the whole session.
+
+  Each new MirroredStrategy restarts its collective instance keys, and the
+  runtime caches collective parameters by key: two strategies over the same
+  devices in one process can then clash. Real jobs build one strategy.
+  """
+  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

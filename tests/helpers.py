@@ -1,0 +1,54 @@
+"""Small models and losses shared by the engine tests."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from layers.interlock_module import InterlockModule
+
+NUM_CLASSES = 5
+
+
+def cross_entropy(labels, logits):
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(
+      tf.cast(labels, tf.int32), tf.cast(logits, tf.float32))
+
+
+def mlp_layers(num_modules, width=16, seed=0, batch_norm=False):
+  """Per-module layer lists and aux heads of a random MLP, K modules."""
+  init = lambda i: keras.initializers.GlorotUniform(seed=seed * 100 + i)  # noqa
+  bodies, heads = [], []
+  for k in range(num_modules):
+    body = [keras.layers.Dense(width, activation="relu",
+                               kernel_initializer=init(2 * k))]
+    if batch_norm:
+      body.append(keras.layers.BatchNormalization(synchronized=True))
+    if k == num_modules - 1:
+      body.append(keras.layers.Dense(NUM_CLASSES,
+                                     kernel_initializer=init(2 * k + 1)))
+      heads.append(None)
+    else:
+      heads.append(keras.layers.Dense(NUM_CLASSES,
+                                      kernel_initializer=init(2 * k + 1)))
+    bodies.append(body)
+  return bodies, heads
+
+
+def mlp_modules(num_modules, **kwargs):
+  bodies, heads = mlp_layers(num_modules, **kwargs)
+  return [InterlockModule(b, aux_head=h) for b, h in zip(bodies, heads)]
+
+
+def batch(size=8, dim=6, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(size, dim)).astype("float32")
+  y = rng.integers(0, NUM_CLASSES, size=(size,)).astype("int32")
+  return x, y
+
+
+def repeat_dataset(x, y):
+  return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+
+def weights(modules):
+  return [v.numpy().copy() for m in modules for v in m.weights]
