@@ -61,6 +61,12 @@ class InterlockStep:
       return contextlib.nullcontext()
     return self.placement.scope(k)
 
+  def annotate(self, tensor, k):
+    """Pins a tensor to module k's core where the placement needs it."""
+    if self.placement is None:
+      return tensor
+    return self.placement.annotate(tensor, k)
+
   def _average(self, per_example, global_batch_size):
     per_example = tf.cast(per_example, tf.float32)
     return tf.nn.compute_average_loss(
@@ -102,7 +108,7 @@ class InterlockStep:
         with tf.GradientTape(persistent=True) as tape:
           if k > 0:
             tape.watch(x)
-          h = module.body(x, training=True)
+          h = self.annotate(module.body(x, training=True), k)
           reg = (tf.nn.scale_regularization_loss(tf.add_n(module.body.losses))
                  if module.body.losses else None)
           if k == num_modules - 1:
@@ -140,8 +146,8 @@ class InterlockStep:
         theta_grads = _zeros_like_none(
             tape.gradient(targets, body_vars, output_gradients=target_cots),
             body_vars)
-        incoming = {key: tape.gradient(h, inputs[k],
-                                       output_gradients=streams[key])
+        incoming = {key: self.annotate(
+            tape.gradient(h, inputs[k], output_gradients=streams[key]), k)
                     for key in plan.vjp_keys[k]}
       grads[k] = theta_grads + aux_grads[k]
     del tapes

@@ -1,0 +1,323 @@
+"""Predicted step time of each strategy: list scheduling of the step's op DAG.
+
+Module k runs on device k, one op at a time, and at most `num_cores` ops run
+at once overall. One training step t, split into M microbatches, is the DAG
+the training engine executes (keys lo come from `routing.make_plan`):
+
+* F_k(t,m): forward of module k (the final loss is inside F_{K-1}); needs
+  F_{k-1}(t,m) and U_k(t-1), the update that wrote the weights it reads.
+* A_k(t,m), k < K - 1 with an aux head: aux forward + backward; needs F_k.
+  It yields the cotangent of L_k at h_k.
+* BX_k^lo(t,m), one per lo in vjp_keys[k]: input VJP carrying stream lo into
+  module k - 1. It needs the stream's cotangent at h_k: BX_{k+1}^lo when lo
+  crosses from module k + 1, and/or the own loss (A_k, or F_{K-1} for the
+  final module) when loss_low[k] == lo.
+* BW_k(t,m), when weight_keys[k] is non-empty: the weight VJP; needs the
+  cotangents of every key in weight_keys[k] (same rule as BX).
+* U_k(t): the optimizer update; needs every BX_k and BW_k of the step, since
+  they read theta_k before it is overwritten.
+
+Costs are per full batch: a microbatch op costs value / M, an update costs
+its value once per step. Whenever a device and a core are free, the ready op
+with the highest priority starts: earliest step, earliest microbatch (U after
+all microbatches), backward-type ops before forwards, higher module first.
+
+Steady state: the step time is the mean gap between completions of
+consecutive steps (the end of the last op of each step) over the second half
+of the measured steps, taken over whole periods of the cycle the schedule
+settles into, which can span several steps. Extra steps run after the
+measured ones, so the window never sees the pipeline drain.
+"""
+
+import dataclasses
+import heapq
+import math
+from typing import Sequence, Tuple
+
+from tf_interlock import routing
+from tf_interlock import strategy as strategy_lib
+
+# Tie-break order of op kinds within one (step, microbatch, module): input
+# VJPs first (they unblock the module below), then the aux head, the weight
+# VJP, and forwards last. U is ordered by its microbatch slot M instead.
+_RANK = {"BX": 0, "A": 1, "BW": 2, "U": 2, "F": 3}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleCost:
+  """Time of each op of one module, for a full batch (update: per step)."""
+  forward: float
+  input_vjp: float
+  weight_vjp: float
+  aux: float = 0.0
+  update: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleResult:
+  """Steady state of a simulated schedule.
+
+  Attributes:
+    step_time: mean time between consecutive step completions over whole
+      periods of the steady-state cycle (see `_steady_window`).
+    utilization: per device, busy time / elapsed time over the same window.
+    device_load: per device, the busy time one step needs (a lower bound on
+      step_time, as is sum(device_load) / num_cores).
+    critical_ops: the chain of ops that set the last step's completion, in
+      time order; "(t-1)" marks ops of the step before.
+    num_cores: the number of cores used.
+  """
+  step_time: float
+  utilization: Tuple[float, ...]
+  device_load: Tuple[float, ...]
+  critical_ops: Tuple[str, ...]
+  num_cores: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+  """One op of the step template; deps index ops of the same step."""
+  name: str
+  kind: str
+  module: int
+  microbatch: int
+  key: int
+  cost: float
+  deps: Tuple[int, ...]
+
+
+def _check_count(name, value, minimum):
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f"{name} must be an int >= {minimum}. Received: {name}={value!r}")
+
+
+def _check_costs(costs):
+  if not costs:
+    raise ValueError(
+        f"costs needs one ModuleCost per module. Received: costs={costs!r}")
+  for k, cost in enumerate(costs):
+    for field in dataclasses.fields(ModuleCost):
+      value = getattr(cost, field.name)
+      if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"Op costs must be finite and >= 0. "
+            f"Received: costs[{k}].{field.name}={value!r}")
+
+
+def _step_template(plan, costs, has_aux, num_microbatches):
+  """Builds the ops of one step, each after all of its deps."""
+  num_modules, m_count = plan.num_modules, num_microbatches
+  ops, index = [], {}
+
+  def add(kind, k, m, cost, deps, key=-1):
+    index[kind, k, m, key] = len(ops)
+    suffix = (f"^{key}" if key >= 0 else "") + (
+        f"@m{m}" if m_count > 1 and kind != "U" else "")
+    ops.append(_Op(f"{kind}{k}{suffix}", kind, k, m, key, cost, tuple(deps)))
+
+  def cotangent(k, m, lo):
+    # The ops producing stream lo's cotangent at h_k.
+    deps = []
+    if k + 1 < num_modules and lo in plan.vjp_keys[k + 1]:
+      deps.append(index["BX", k + 1, m, lo])
+    if plan.loss_low[k] == lo:
+      deps.append(index["A" if k < num_modules - 1 else "F", k, m, -1])
+    return deps
+
+  for m in range(m_count):
+    for k in range(num_modules):
+      add("F", k, m, costs[k].forward / m_count,
+          [index["F", k - 1, m, -1]] if k else [])
+      if k < num_modules - 1 and has_aux[k]:
+        add("A", k, m, costs[k].aux / m_count, [index["F", k, m, -1]])
+    for k in reversed(range(num_modules)):
+      for lo in plan.vjp_keys[k]:
+        add("BX", k, m, costs[k].input_vjp / m_count, cotangent(k, m, lo), lo)
+      if plan.weight_keys[k]:
+        deps = {d for lo in plan.weight_keys[k] for d in cotangent(k, m, lo)}
+        add("BW", k, m, costs[k].weight_vjp / m_count, sorted(deps))
+  for k in range(num_modules):
+    add("U", k, m_count, costs[k].update,
+        [i for i, op in enumerate(ops)
+         if op.module == k and op.kind in ("BX", "BW")])
+  return ops
+
+
+def _steady_window(done):
+  """The last whole periods of the completion times `done`: (steps, time).
+
+  List schedules settle into a cycle that may span several steps (gaps
+  alternating a, b, ...). The shortest period p seen at least twice at the
+  end of the gaps, over at least half of them, is found, and the window
+  covers as many whole periods as have settled: its mean gap is then exact,
+  and so is each device's busy fraction. Without such a period (a schedule
+  still settling, or a cycle too long to see), the whole window is used.
+  """
+  gaps = [b - a for a, b in zip(done, done[1:])]
+  tolerance = 1e-9 * max(gaps + [1.0])
+  for period in range(1, len(gaps) // 2 + 1):
+    settled = len(gaps)  # Gaps from index `settled` on repeat with `period`.
+    while settled > period and abs(
+        gaps[settled - 1] - gaps[settled - 1 - period]) <= tolerance:
+      settled -= 1
+    settled -= period
+    if len(gaps) - settled >= max(2 * period, len(gaps) / 2):
+      steps = (len(gaps) - settled) // period * period
+      return steps, done[-1] - done[-1 - steps]
+  return len(gaps), done[-1] - done[0]
+
+
+def _run(template, num_modules, num_cores, num_steps):
+  """List-schedules `num_steps` copies of the step template.
+
+  Op id = step * len(template) + template index.
+
+  Returns:
+    (start, finish, blocker): per op id, its start and finish time and the op
+    that held it back last (a dep, the previous op on its device, or the op
+    that freed a core; None at time 0).
+  """
+  size = len(template)
+  successors = [[] for _ in template]
+  for i, op in enumerate(template):
+    for d in op.deps:
+      successors[d].append(i)
+  forwards = [[i for i, op in enumerate(template)
+               if op.kind == "F" and op.module == k]
+              for k in range(num_modules)]
+  waits = [len(op.deps) + (op.kind == "F" and t > 0)  # F_k waits U_k(t-1).
+           for t in range(num_steps) for op in template]
+  queues = [[] for _ in range(num_modules)]  # Per device: (priority, op id).
+  ready_at, ready_by = {}, {}
+
+  def release(op_id, now, by):
+    t, i = divmod(op_id, size)
+    op = template[i]
+    ready_at[op_id], ready_by[op_id] = now, by
+    priority = (t, op.microbatch, _RANK[op.kind], -op.module, op.key)
+    heapq.heappush(queues[op.module], (priority, op_id))
+
+  for i, op in enumerate(template):
+    if not op.deps:
+      release(i, 0.0, None)
+  events, free_devices, free_cores = [], set(range(num_modules)), num_cores
+  start, finish, blocker = {}, {}, {}
+  last_on_device, last_done, now = [None] * num_modules, None, 0.0
+  while True:
+    while free_cores:  # Start the best ready op on a free device.
+      heads = [queues[k][0] for k in free_devices if queues[k]]
+      if not heads:
+        break
+      _, op_id = min(heads)
+      k = template[op_id % size].module
+      heapq.heappop(queues[k])
+      free_devices.remove(k)
+      free_cores -= 1
+      start[op_id] = now
+      previous = last_on_device[k]
+      if ready_at[op_id] == now:
+        blocker[op_id] = ready_by[op_id]
+      elif previous is not None and finish[previous] == now:
+        blocker[op_id] = previous
+      else:
+        blocker[op_id] = last_done
+      heapq.heappush(events, (now + template[op_id % size].cost, op_id))
+    if not events:
+      return start, finish, blocker
+    now = events[0][0]
+    while events and events[0][0] == now:  # Retire every op ending now.
+      _, op_id = heapq.heappop(events)
+      t, i = divmod(op_id, size)
+      k = template[i].module
+      finish[op_id], last_on_device[k], last_done = now, op_id, op_id
+      free_devices.add(k)
+      free_cores += 1
+      nexts = [t * size + j for j in successors[i]]
+      if template[i].kind == "U" and t + 1 < num_steps:
+        nexts += [(t + 1) * size + j for j in forwards[k]]
+      for n in nexts:
+        waits[n] -= 1
+        if not waits[n]:
+          release(n, now, op_id)
+
+
+def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
+             num_cores=None, num_steps=48, has_aux=None) -> ScheduleResult:
+  """Simulates `num_steps` training steps and measures the steady state.
+
+  Another num_steps // 2 steps run after them, so that the measured second
+  half keeps the contention of later steps.
+
+  Args:
+    costs: one `ModuleCost` per module (K = len(costs)).
+    strategy: an `InterlockStrategy` or anything `parse_strategy` accepts.
+    num_microbatches: M >= 1 microbatches per step.
+    num_cores: cores shared by the K devices; None = K.
+    num_steps: steps to simulate (>= 2); the second half is measured.
+    has_aux: per module, whether it has an aux head (default: all).
+
+  Returns:
+    A `ScheduleResult`.
+
+  Raises:
+    ValueError: for an empty cost list, a negative cost or a bad count.
+  """
+  _check_costs(costs)
+  num_modules = len(costs)
+  _check_count("num_microbatches", num_microbatches, 1)
+  _check_count("num_steps", num_steps, 2)
+  if num_cores is None:
+    num_cores = num_modules
+  _check_count("num_cores", num_cores, 1)
+  has_aux = [True] * num_modules if has_aux is None else list(has_aux)
+  plan = routing.make_plan(strategy, num_modules, has_aux)
+  template = _step_template(plan, costs, has_aux, num_microbatches)
+  size = len(template)
+  start, finish, blocker = _run(
+      template, num_modules, num_cores, num_steps + num_steps // 2)
+
+  done = [max(finish[t * size + i] for i in range(size))
+          for t in range(num_steps)]
+  steps, span = _steady_window(done[num_steps // 2 - 1:])
+  low, high = done[-1] - span, done[-1]
+  busy = [0.0] * num_modules
+  for op_id, began in start.items():
+    overlap = min(finish[op_id], high) - max(began, low)
+    if overlap > 0:
+      busy[template[op_id % size].module] += overlap
+  # Walk back from the last measured step's final op through its blockers.
+  last = num_steps - 1
+  chain, op_id = [], max(range(last * size, num_steps * size),
+                         key=lambda i: (finish[i], -i))
+  while op_id is not None and finish[op_id] > done[-2]:
+    t = op_id // size
+    chain.append(template[op_id % size].name +
+                 ("" if t == last else f"(t{t - last:+d})"))
+    op_id = blocker[op_id]
+  return ScheduleResult(
+      step_time=span / steps,
+      utilization=tuple(b / span if span else 0.0 for b in busy),
+      device_load=tuple(sum(op.cost for op in template if op.module == k)
+                        for k in range(num_modules)),
+      critical_ops=tuple(reversed(chain)), num_cores=num_cores)
+
+
+def predict_speedups(costs, strategies, **kwargs):
+  """Step time of each strategy and its speedup over end-to-end.
+
+  Args:
+    costs: one `ModuleCost` per module.
+    strategies: strategies (or strings) to compare.
+    **kwargs: passed on to `simulate`.
+
+  Returns:
+    A dict: strategy name -> (step_time, e2e step_time / step_time).
+  """
+  baseline = simulate(costs, "e2e", **kwargs).step_time
+  result = {}
+  for spec in strategies:
+    step_time = simulate(costs, spec, **kwargs).step_time
+    result[strategy_lib.parse_strategy(spec).name] = (
+        step_time, baseline / step_time if step_time else 1.0)
+  return result
