@@ -11,6 +11,8 @@ batch (`engine.InterlockStep`), and each module's Keras optimizer sums them
 across replicas before it updates that module.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tf_interlock import engine
@@ -79,9 +81,12 @@ class InterlockTrainer:
     return len(self.modules)
 
   def _make_optimizers(self, optimizers):
-    with self.distribute.scope():
-      if callable(optimizers):
-        optimizers = [optimizers(k) for k in range(len(self.modules))]
+    if callable(optimizers):
+      factory, optimizers = optimizers, []
+      for k in range(len(self.modules)):
+        # Step counter and learning rate live with the module they update.
+        with self.distribute.scope(), self._scope(k):
+          optimizers.append(factory(k))
     optimizers = list(optimizers)
     if len(optimizers) != len(self.modules):
       raise ValueError(
@@ -125,7 +130,9 @@ class InterlockTrainer:
           opt.build(self.variables(k))
 
   def _scope(self, k):
-    return self.step.scope(k)
+    if self.placement is None:
+      return contextlib.nullcontext()
+    return self.placement.scope(k)
 
   def checkpoint(self, **extra):
     """A `tf.train.Checkpoint` of every module, head and optimizer.
