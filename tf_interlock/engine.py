@@ -138,17 +138,24 @@ class InterlockStep:
           streams[lo] = (own_cot[k] if lo not in streams
                          else streams[lo] + own_cot[k])
         body_vars = module.body.trainable_variables
-        cot = tf.add_n([streams[key] for key in plan.weight_keys[k]])
+        weight_keys = plan.weight_keys[k]
+        cot = tf.add_n([streams[key] for key in weight_keys])
         targets, target_cots = [h], [cot]
         if reg_losses[k] is not None:
           targets.append(reg_losses[k])
           target_cots.append(tf.ones_like(reg_losses[k]))
-        theta_grads = _zeros_like_none(
-            tape.gradient(targets, body_vars, output_gradients=target_cots),
-            body_vars)
-        incoming = {key: self.annotate(
-            tape.gradient(h, inputs[k], output_gradients=streams[key]), k)
-                    for key in plan.vjp_keys[k]}
+        # When the one stream that trains theta_k also goes on to module
+        # k - 1 (always so end to end), one backward pass gives both the
+        # weight and the input VJP and shares the work through the body.
+        fused = len(weight_keys) == 1 and weight_keys[0] in plan.vjp_keys[k]
+        sources = body_vars + ([inputs[k]] if fused else [])
+        got = tape.gradient(targets, sources, output_gradients=target_cots)
+        theta_grads = _zeros_like_none(got[:len(body_vars)], body_vars)
+        incoming = {weight_keys[0]: self.annotate(got[-1], k)} if fused else {}
+        for key in plan.vjp_keys[k]:
+          if key not in incoming:
+            incoming[key] = self.annotate(tape.gradient(
+                h, inputs[k], output_gradients=streams[key]), k)
       grads[k] = theta_grads + aux_grads[k]
     del tapes
     return grads, metrics

@@ -1,0 +1,117 @@
+"""Measures the per-module op costs that the schedule model needs.
+
+`schedule.simulate` predicts a strategy's step time from, per module k, the
+time of its forward f_k, input VJP bx_k, weight VJP bw_k, aux head forward
+and backward a_k, and optimizer update u_k. Each is timed here in its own
+`tf.function` on the module's device; the VJPs include a forward pass, which
+is subtracted. Times are medians over `repeats` calls, in seconds.
+"""
+
+import contextlib
+import time
+
+import numpy as np
+import keras
+import tensorflow as tf
+
+from tf_interlock import schedule
+
+
+def _median_time(fn, repeats):
+  fn()  # trace and warm up
+  fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = fn()
+    tf.nest.map_structure(lambda t: t.numpy(), out)
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def _scope(placement, k):
+  return contextlib.nullcontext() if placement is None else placement.scope(k)
+
+
+def _op_functions(module, x, cot, labels, loss_fn):
+  """tf.functions for module k's forward and VJPs (closures: arguments of
+  a tf.function would be captured by value and lose their gradients)."""
+  theta = module.body.trainable_variables
+
+  @tf.function(autograph=False)
+  def forward():
+    return module.body(x, training=True)
+
+  @tf.function(autograph=False)
+  def input_vjp():
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = module.body(x, training=True)
+    return tape.gradient(out, x, output_gradients=cot)
+
+  @tf.function(autograph=False)
+  def weight_vjp():
+    with tf.GradientTape() as tape:
+      out = module.body(x, training=True)
+    return tape.gradient(out, theta, output_gradients=cot)
+
+  @tf.function(autograph=False)
+  def aux(h):
+    phi = module.aux_head.trainable_variables
+    with tf.GradientTape() as tape:
+      tape.watch(h)
+      loss = tf.reduce_mean(loss_fn(labels, module.aux_head(h, training=True)))
+    return tape.gradient(loss, phi + [h])
+
+  return forward, input_vjp, weight_vjp, aux
+
+
+def _update_function(optimizer, variables):
+  """A scratch copy of `optimizer` applying zero gradients to copies of
+  `variables`: the trainer's weights and slots are never touched."""
+  copies = [keras.Variable(v.numpy()) for v in variables]
+  scratch = optimizer.__class__.from_config(optimizer.get_config())
+  scratch.build(copies)
+  zeros = [tf.zeros_like(v) for v in copies]
+
+  @tf.function(autograph=False)
+  def update():
+    scratch.apply_gradients(zip(zeros, copies))
+    return tf.constant(0)
+
+  return update
+
+
+def measure_module_costs(trainer, features, labels, repeats=10):
+  """Times each op of each module of a built `InterlockTrainer`.
+
+  Args:
+    trainer: a built `InterlockTrainer` (its modules, loss, placement).
+    features: one per-replica batch of inputs.
+    labels: the matching labels.
+    repeats: timed calls per op.
+
+  Returns:
+    A list of K `schedule.ModuleCost`.
+  """
+  costs = []
+  h = tf.convert_to_tensor(features)
+  labels = tf.convert_to_tensor(labels)
+  for k, module in enumerate(trainer.modules):
+    last = k == trainer.num_modules - 1
+    with _scope(trainer.placement, k):
+      x = tf.identity(h)
+      h = module.body(x, training=False)
+      cot = tf.ones_like(h) / tf.cast(tf.size(h), h.dtype)
+      forward, input_vjp, weight_vjp, aux = _op_functions(
+          module, x, cot, labels, trainer.step.loss_fn)
+      f = _median_time(forward, repeats)
+      bx = 0.0 if k == 0 else max(0.0, _median_time(input_vjp, repeats) - f)
+      bw = max(0.0, _median_time(weight_vjp, repeats) - f)
+      a = 0.0 if last or not module.has_aux_head else _median_time(
+          lambda h=h: aux(h), repeats)
+      u = _median_time(_update_function(trainer.optimizers[k],
+                                        trainer.variables(k)), repeats)
+    costs.append(schedule.ModuleCost(forward=f, input_vjp=bx, weight_vjp=bw,
+                                     aux=a, update=u))
+  return costs
