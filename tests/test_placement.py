@@ -53,7 +53,7 @@ def test_trainer_places_variables_and_ops():
       assert v.value.device.endswith(f"CPU:{k}"), (k, v.path, v.value.device)
   iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
   trainer.train_loop(iterator)
-  graph = trainer._loop_fn.get_concrete_function(iterator).graph
+  graph = trainer._loop_fns[1].get_concrete_function(iterator).graph
   matmul_devices = {op.device.split(":")[-1] for op in graph.get_operations()
                     if op.type == "MatMul"}
   assert matmul_devices == {str(k) for k in range(K)}

@@ -39,7 +39,8 @@ def test_two_replicas_equal_one(strategy, mirrored):
   for a, b in zip(m_one, m_two):
     assert a.keys() == b.keys()
     for key in a:
-      np.testing.assert_allclose(a[key], b[key], atol=2e-5)
+      if not key.endswith("grad_norm"):  # replica-local by definition
+        np.testing.assert_allclose(a[key], b[key], atol=2e-5)
   assert int(trainer.optimizers[0].iterations.numpy()) == 3
 
 

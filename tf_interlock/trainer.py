@@ -73,8 +73,7 @@ class InterlockTrainer:
     self.optimizers = self._make_optimizers(optimizers)
     self.step = engine.InterlockStep(self.modules, self.plan, loss_fn,
                                      metric_fn, placement)
-    self._loop_fn = None
-    self._eval_fn = None
+    self._loop_fns = {}
 
   @property
   def num_modules(self):
@@ -178,13 +177,17 @@ class InterlockTrainer:
           metrics = {key: metrics[key] + mets[key] for key in metrics}
     for k, opt in enumerate(self.optimizers):
       with self._scope(k):
+        # This replica's gradient norm (mean over replicas after the SUM
+        # reduction): NaN/Inf in any gradient of module k shows up here.
+        metrics[f"module_{k + 1}/grad_norm"] = tf.linalg.global_norm(
+            grads[k]) / replicas
         opt.apply_gradients(zip(grads[k], self.variables(k)))
     return metrics
 
-  def _make_loop(self):
+  def _make_loop(self, num_steps):
     def loop(iterator):
       totals = None
-      for _ in range(self.steps_per_loop):
+      for _ in range(num_steps):
         features, labels = next(iterator)
         per_replica = self.distribute.run(self._replica_step,
                                           args=(features, labels))
@@ -193,25 +196,29 @@ class InterlockTrainer:
                    for key, value in per_replica.items()}
         totals = metrics if totals is None else {
             key: totals[key] + metrics[key] for key in totals}
-      return {key: value / self.steps_per_loop
-              for key, value in totals.items()}
+      return {key: value / num_steps for key, value in totals.items()}
     # autograph=False: the Python loops over steps and modules are meant to
-    # unroll into one dataflow graph.
+    # unroll into one dataflow graph, in which module k of step t + 1 can
+    # run while later modules still work on step t.
     return tf.function(loop, autograph=False)
 
-  def train_loop(self, iterator):
-    """Runs `steps_per_loop` steps in one `tf.function` call.
+  def train_loop(self, iterator, num_steps=None):
+    """Runs `num_steps` (default `steps_per_loop`) steps in one call.
 
     Args:
-      iterator: an iterator over a `distribute.experimental_distribute_
-        dataset` of `(features, labels)` batches.
+      iterator: an iterator over a `distribute_dataset` of
+        `(features, labels)` batches.
+      num_steps: steps in this call; each distinct value traces once.
 
     Returns:
-      Per-module metrics (mean over the loop's steps) as Python floats.
+      Per-module metrics (mean over the steps) as Python floats:
+      "module_{k}/loss", "module_{k}/accuracy" (with a metric_fn) and
+      "module_{k}/grad_norm", k = 1..K.
     """
-    if self._loop_fn is None:
-      self._loop_fn = self._make_loop()
-    metrics = self._loop_fn(iterator)
+    num_steps = num_steps or self.steps_per_loop
+    if num_steps not in self._loop_fns:
+      self._loop_fns[num_steps] = self._make_loop(num_steps)
+    metrics = self._loop_fns[num_steps](iterator)
     return {key: float(value) for key, value in metrics.items()}
 
   def distribute_dataset(self, dataset):

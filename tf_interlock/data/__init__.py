@@ -1,0 +1,1 @@
+"""Input pipelines: image classification (TFDS) and language modelling text."""
