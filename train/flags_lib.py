@@ -1,0 +1,69 @@
+"""absl flags for every `Config` field, plus --preset.
+
+Each field gets a flag of the same name whose default is "unset", so that
+only flags given on the command line override the preset. Values are parsed
+by the field's type; a bad value is a one-line error naming the flag.
+"""
+
+import dataclasses
+import typing
+
+from absl import flags
+
+from train import config as config_lib
+
+PRESET = flags.DEFINE_enum("preset", "fashion_mnist_resnet",
+                           list(config_lib.PRESETS), "Base configuration.")
+_UNSET = "__unset__"
+_HELP = {
+    "strategy": "e2e, local, pairwise or Nwise (2wise, 3wise, ...).",
+    "variant": "only (the released rule) or sum.",
+    "placement": "single, simulated (K logical CPUs), gpu or tpu.",
+    "split": "Comma-separated block counts per module; default balanced.",
+    "time_budget_s": "Stop after this many seconds of training.",
+    "on_nan": "stop (exit non-zero) or skip (roll back, move on).",
+    "tpu": "Cloud TPU name or grpc:// address (placement=tpu).",
+}
+
+
+def _define_all():
+  defined = {}
+  for field in dataclasses.fields(config_lib.Config):
+    defined[field.name] = flags.DEFINE_string(
+        field.name, _UNSET, _HELP.get(field.name, f"Override of {field.name}."))
+  return defined
+
+
+_FIELD_FLAGS = _define_all()
+
+
+def _parse(field, text):
+  """Parses flag text into the field's type."""
+  kind = typing.get_args(field.type) or (field.type,)
+  if text.lower() in ("none", "") and type(None) in kind:
+    return None
+  base = [t for t in kind if t is not type(None)][0]
+  try:
+    if base is bool:
+      if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+      return text.lower() in ("true", "1")
+    if typing.get_origin(base) is tuple:
+      item = typing.get_args(base)[0]
+      return tuple(item(part) for part in text.split(",") if part)
+    return base(text)
+  except ValueError:
+    raise ValueError(f"--{field.name}={text!r} is not a valid "
+                     f"{getattr(base, '__name__', base)}. "
+                     f"Received: {field.name}={text!r}") from None
+
+
+def config_from_flags():
+  """The preset's `Config` with every flag given on the command line."""
+  config = config_lib.load_preset(PRESET.value)
+  overrides = {}
+  for field in dataclasses.fields(config_lib.Config):
+    text = _FIELD_FLAGS[field.name].value
+    if text != _UNSET:
+      overrides[field.name] = _parse(field, text)
+  return dataclasses.replace(config, **overrides)
