@@ -4,21 +4,10 @@ evaluate, and the TensorBoard event files they leave behind."""
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import tensorflow as tf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_binary(module, *flags, check=True):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-  if check and proc.returncode != 0:
-    raise AssertionError(f"{module} failed:\n{proc.stdout}\n{proc.stderr}")
-  return proc
+from tests.binaries import run_binary
 
 
 def scalars(event_dir):

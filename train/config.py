@@ -12,6 +12,7 @@ import json
 import os
 from typing import Optional, Tuple
 
+from layers import resnet
 from tf_interlock import strategy as strategy_lib
 
 MODELS = ("resnet", "transformer", "mlp")
@@ -112,6 +113,24 @@ def _positive(config, *names, allow_none=False, minimum=1):
       _fail(name, value, f"must be a number >= {minimum}")
 
 
+def num_blocks(config):
+  """Blocks the network can be split between (None: any number)."""
+  if config.model == "transformer":
+    return config.num_layers
+  if config.model == "resnet":
+    key = config.resnet_preset.lower().replace("-", "").replace("_", "")
+    if key not in resnet.PRESETS:
+      _fail("resnet_preset", config.resnet_preset,
+            f"must be one of {sorted(resnet.PRESETS)}")
+    return sum(resnet.PRESETS[key][2])
+  return None
+
+
+def _network(config):
+  return (config.resnet_preset if config.model == "resnet" else
+          f"{config.model}")
+
+
 def validate(config, num_replicas=1):
   """Checks every field; raises ValueError with a one-line message.
 
@@ -152,13 +171,17 @@ def validate(config, num_replicas=1):
   if config.train_steps is None and config.epochs is None and (
       config.time_budget_s is None):
     _fail("train_steps", None, "set train_steps, epochs or time_budget_s")
-  if config.model == "transformer" and config.num_layers < config.num_modules:
+  blocks = num_blocks(config)
+  if blocks is not None and config.num_modules > blocks:
     _fail("num_modules", config.num_modules,
-          f"at most num_layers={config.num_layers} modules")
+          f"at most {blocks} modules: the {_network(config)} has {blocks} "
+          "blocks")
   if config.split is not None:
-    if len(config.split) != config.num_modules or min(config.split) < 1:
+    if (len(config.split) != config.num_modules or min(config.split) < 1 or
+        (blocks is not None and sum(config.split) != blocks)):
       _fail("split", ",".join(map(str, config.split)),
-            f"needs {config.num_modules} positive block counts")
+            f"needs {config.num_modules} positive block counts adding up to "
+            f"the {blocks} blocks of the {_network(config)}")
   per_replica = config.batch_size / num_replicas
   if per_replica != int(per_replica) or (
       int(per_replica) % config.num_microbatches):

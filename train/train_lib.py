@@ -76,6 +76,28 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+def _restore(checkpoint, path):
+  """Restores `path`, turning a corrupt or foreign checkpoint into one line.
+
+  Nothing is written before this, so a bad checkpoint is left as it is.
+  """
+  try:
+    checkpoint.restore(path).assert_existing_objects_matched()
+  except (tf.errors.OpError, AssertionError, ValueError) as e:
+    first = str(e).strip().splitlines()[0][:200]
+    raise TrainingError(
+        f"cannot restore checkpoint {path} ({type(e).__name__}: {first}); "
+        "it is corrupt or from another model. Nothing was changed; move it "
+        "away to resume from an older one") from None
+
+
+def _apply_hyperparameters(trainer, config):
+  """Hyperparameters come from this run's flags, state from checkpoints."""
+  for opt in trainer.optimizers:
+    if hasattr(opt.learning_rate, "assign"):  # a constant, not a schedule
+      opt.learning_rate.assign(config.learning_rate)
+
+
 def _first_nonfinite(metrics):
   for key in sorted(metrics):
     if not math.isfinite(metrics[key]):
@@ -110,13 +132,9 @@ def evaluate(trainer, task, config):
   dataset = task.eval
   if config.eval_batches:
     dataset = dataset.take(config.eval_batches)
-  results = evaluation.evaluate_modules(
+  return evaluation.evaluate_modules(
       trainer.modules, dataset, losses.sparse_softmax_cross_entropy,
-      losses.sparse_accuracy)
-  if task.kind == "lm":
-    for metrics in results.values():
-      metrics["perplexity"] = losses.perplexity(metrics["loss"])
-  return results
+      losses.sparse_accuracy, task=task.kind)
 
 
 def _eval_scalars(results):
@@ -164,7 +182,8 @@ def train_and_evaluate(config, out=sys.stdout):
       checkpoint, os.path.join(config.model_dir, "checkpoints"),
       max_to_keep=config.keep_checkpoints)
   if manager.latest_checkpoint:
-    checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    _restore(checkpoint, manager.latest_checkpoint)
+    _apply_hyperparameters(trainer, config)
     logging.info("Resumed from %s at step %d", manager.latest_checkpoint,
                  int(global_step))
     print(f"resumed from {manager.latest_checkpoint} at step "
@@ -178,6 +197,7 @@ def train_and_evaluate(config, out=sys.stdout):
   start, step = time.monotonic(), int(global_step)
   first_step, results = step, None
   saved_step, eval_step = step if manager.latest_checkpoint else -1, -1
+  skipped = 0  # consecutive loops rolled back for non-finite values
   try:
     while steps is None or step < steps:
       if config.time_budget_s and time.monotonic() - start >= (
@@ -190,10 +210,13 @@ def train_and_evaluate(config, out=sys.stdout):
       elapsed = time.monotonic() - loop_start
       bad = _first_nonfinite(metrics)
       if bad is not None:
+        skipped += 1
         _handle_nonfinite(config, manager, model_checkpoint, bad, step, n,
-                          out)
+                          skipped, out)
+        _apply_hyperparameters(trainer, config)
         step = int(global_step)
         continue
+      skipped = 0
       step += n
       global_step.assign(step)
       rate = (step - first_step) / max(time.monotonic() - start, 1e-9)
@@ -234,13 +257,21 @@ def train_and_evaluate(config, out=sys.stdout):
   return summary
 
 
-def _handle_nonfinite(config, manager, model_checkpoint, key, step, n, out):
+MAX_SKIPS = 3
+
+
+def _handle_nonfinite(config, manager, model_checkpoint, key, step, n,
+                      skipped, out):
   """on_nan=stop: raise (the last good checkpoint stays the latest).
-  on_nan=skip: roll back to the last checkpoint, keep the data moving."""
+
+  on_nan=skip: roll back to the last checkpoint and go on with the next
+  batches; after MAX_SKIPS loops in a row it stops as well.
+  """
   module = key.split("/")[0]
   message = (f"non-finite {key.split('/')[1]} in {module} at steps "
              f"{step + 1}..{step + n}")
-  if config.on_nan == "stop" or manager.latest_checkpoint is None:
+  if (config.on_nan == "stop" or manager.latest_checkpoint is None or
+      skipped > MAX_SKIPS):
     raise TrainingError(f"{message}; stopped, last good checkpoint: "
                         f"{manager.latest_checkpoint}")
   # Restore model and optimizers, not the iterator: the bad batches are

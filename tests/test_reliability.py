@@ -1,0 +1,193 @@
+"""Faults through the real binaries: bad flags, preemption, NaNs, corrupt
+checkpoints, broken exports and truncated data."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.binaries import ROOT, run_binary
+
+SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
+         "--checkpoint_every_steps=10", "--eval_every_steps=10"]
+
+# (flags, words the one-line error must contain)
+BAD_INPUTS = [
+    (["--strategy=0wise"], ["--strategy='0wise'"]),
+    (["--strategy=2wise", "--variant=mean"], ["--variant='mean'", "only"]),
+    (["--num_modules=0"], ["--num_modules=0"]),
+    (["--preset=fashion_mnist_resnet", "--num_modules=10"],
+     ["--num_modules=10", "9 blocks"]),
+    (["--preset=fashion_mnist_resnet", "--split=2,2,2,2"],
+     ["--split='2,2,2,2'", "adding up to the 9 blocks"]),
+    (["--placement=gpu"], ["placement=gpu", "4 modules but 0"]),
+    (["--batch_size=30", "--num_microbatches=4"],
+     ["--batch_size=30", "4 microbatches"]),
+    (["--preset=nope"], ["--preset=nope"]),
+    (["--dataset=mnist"], ["--dataset='mnist'", "cifar10"]),
+    (["--model=vgg"], ["--model='vgg'"]),
+    (["--time_budget_s=0"], ["--time_budget_s=0.0", "> 0"]),
+    (["--data_dir=/nonexistent/dir"], ["--data_dir='/nonexistent/dir'"]),
+    (["--learning_rate=abc"], ["--learning_rate='abc'", "float"]),
+    (["--model=transformer"], ["--dataset='synthetic'", "text dataset"]),
+]
+
+
+def _start(module, *flags):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  return subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def test_bad_inputs_fail_cleanly_and_write_nothing(tmp_path):
+  runs = []
+  for i, (flags, words) in enumerate(BAD_INPUTS):
+    model_dir = tmp_path / f"case{i}"
+    runs.append((flags, words, model_dir, _start(
+        "train.train", *SYNTH, f"--model_dir={model_dir}", *flags)))
+  for flags, words, model_dir, proc in runs:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0, flags
+    lines = [line for line in err.splitlines() if words[0] in line]
+    assert lines, (flags, err)
+    for word in words:
+      assert word in lines[0], (flags, lines[0])
+    assert not model_dir.exists(), flags
+
+
+def test_other_architecture_in_model_dir_is_refused(tmp_path):
+  model_dir = str(tmp_path / "run")
+  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+             "--train_steps=5")
+  before = sorted(os.listdir(model_dir))
+  proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+                    "--train_steps=10", "--mlp_width=64", check=False)
+  assert proc.returncode != 0
+  assert "mlp_width=256" in proc.stderr and "mlp_width=64" in proc.stderr
+  assert sorted(os.listdir(model_dir)) == before
+
+
+def _final_weights(model_dir):
+  reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+  # Every saved variable (weights may sit under an optimizer's path: a
+  # checkpoint stores each variable once, under its shortest path).
+  names = sorted(n for n in reader.get_variable_to_shape_map()
+                 if "VARIABLE_VALUE" in n and not n.startswith("save_counter"))
+  return {n: reader.get_tensor(n) for n in names}
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+  flags = SYNTH + ["--train_steps=40", "--deterministic=true", "--seed=3"]
+  straight = str(tmp_path / "straight")
+  killed = str(tmp_path / "killed")
+  run_binary("train.train", *flags, f"--model_dir={straight}")
+  proc = _start("train.train", *flags, f"--model_dir={killed}")
+  for line in proc.stdout:  # kill somewhere after the first checkpoint
+    if line.startswith("step 15/40"):
+      proc.send_signal(signal.SIGKILL)
+      break
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
+  resumed = run_binary("train.train", *flags, f"--model_dir={killed}")
+  assert "at step 10" in resumed.stdout
+  a, b = _final_weights(straight), _final_weights(killed)
+  assert a.keys() == b.keys() and len(a) >= 40
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_sigterm_saves_a_checkpoint(tmp_path):
+  model_dir = str(tmp_path / "run")
+  proc = _start("train.train", *SYNTH, "--train_steps=100000",
+                "--checkpoint_every_steps=100000", f"--model_dir={model_dir}")
+  for line in proc.stdout:
+    if line.startswith("step 25/"):
+      proc.send_signal(signal.SIGTERM)
+      break
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode != 0 and "SIGTERM at step" in err
+  step = int(err.split("SIGTERM at step ")[1].split(":")[0])
+  assert step >= 25
+  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  assert latest.endswith(f"ckpt-{step}")
+
+
+def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
+  model_dir = str(tmp_path / "run")
+  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+             "--train_steps=10")
+  good = _final_weights(model_dir)
+  proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+                    "--train_steps=30", "--learning_rate=1e30", check=False)
+  assert proc.returncode != 0
+  assert "non-finite" in proc.stderr and "module_" in proc.stderr
+  assert "at steps 1" in proc.stderr  # steps 11..15 or later
+  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  assert latest.endswith("ckpt-10")
+  for name, value in _final_weights(model_dir).items():
+    np.testing.assert_array_equal(value, good[name])
+  skip = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+                    "--train_steps=30", "--learning_rate=1e30",
+                    "--on_nan=skip", check=False)
+  assert skip.stdout.count("skipped: rolled back to") == 3
+  assert skip.returncode != 0 and "non-finite" in skip.stderr
+
+
+def test_corrupt_checkpoint_is_reported_and_kept(tmp_path):
+  model_dir = str(tmp_path / "run")
+  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+             "--train_steps=10")
+  ckpt_dir = os.path.join(model_dir, "checkpoints")
+  data = [f for f in os.listdir(ckpt_dir) if f.startswith("ckpt-10.data")][0]
+  path = os.path.join(ckpt_dir, data)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+  snapshot = {f: os.path.getsize(os.path.join(ckpt_dir, f))
+              for f in os.listdir(ckpt_dir)}
+  proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+                    "--train_steps=20", check=False)
+  assert proc.returncode != 0
+  assert "cannot restore checkpoint" in proc.stderr and "ckpt-10" in proc.stderr
+  assert {f: os.path.getsize(os.path.join(ckpt_dir, f))
+          for f in os.listdir(ckpt_dir)} == snapshot
+
+
+def test_broken_export_is_reported(tmp_path):
+  model_dir = str(tmp_path / "run")
+  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+             "--train_steps=5")
+  broken = tmp_path / "broken"
+  shutil.copytree(os.path.join(model_dir, "export"), broken)
+  shutil.rmtree(broken / "variables")
+  proc = run_binary("train.evaluate", f"--saved_model={broken}",
+                    "--preset=synthetic_mlp", check=False)
+  assert proc.returncode != 0
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "variables" in last and str(broken) in last
+
+
+def test_truncated_data_file_is_reported(tmp_path):
+  source = tmp_path / "idx"
+  source.mkdir()
+  # A labels file whose header promises 100 labels but holds 10.
+  header = np.array([0x00000801, 100], dtype=">u4").tobytes()
+  (source / "train-labels-idx1-ubyte").write_bytes(header + bytes(10))
+  images = np.array([0x00000803, 100, 28, 28], dtype=">u4").tobytes()
+  (source / "train-images-idx3-ubyte").write_bytes(images + bytes(784 * 100))
+  for stem in ("t10k-labels-idx1-ubyte", "t10k-images-idx3-ubyte"):
+    shutil.copy(source / stem.replace("t10k", "train"), source / stem)
+  proc = run_binary("train.train", "--preset=fashion_mnist_resnet",
+                    f"--source_dir={source}", f"--data_dir={tmp_path}/tfds",
+                    f"--model_dir={tmp_path}/run", "--placement=single",
+                    check=False)
+  assert proc.returncode != 0
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "train-labels-idx1-ubyte" in last
+  assert not (tmp_path / "run").exists()

@@ -1,0 +1,168 @@
+"""Evaluation of every head of an interlocking network: final and exits.
+
+Each aux head A_k of an interlocking network (Gomez et al., 2022,
+arXiv:2010.04116) is a classifier in its own right, an early exit after
+module k. Both functions here report, per head, the example-weighted mean
+loss over a finite dataset and one task metric:
+
+    {"final": {...}, "exit_1": {...}, ..., "exit_{K-1}": {...}}
+
+with "loss", "num_examples", and "accuracy" (classification) or
+"perplexity" = exp(mean token loss) (language modelling). Sums are kept in
+Python floats (float64), so a long evaluation does not lose precision the
+way a float32 running mean would.
+"""
+
+import math
+
+import tensorflow as tf
+
+from tf_interlock import export
+from tf_interlock import losses as losses_lib
+
+TASKS = ("classification", "lm")
+FINAL_KEY = "final"
+
+
+def _check_task(task):
+  if task not in TASKS:
+    raise ValueError(f"task must be one of {TASKS}. Received: task={task!r}")
+
+
+def _check_finite(dataset):
+  if (isinstance(dataset, tf.data.Dataset) and
+      dataset.cardinality() == tf.data.INFINITE_CARDINALITY):
+    raise ValueError(
+        "Evaluation makes one pass over the dataset, which must be finite "
+        "(drop the .repeat()). Received: dataset.cardinality()=infinite")
+
+
+def _batch_sums(labels, logits, loss_fn, metric_fn):
+  """Sums over one batch of the per-example loss and metric, and its size."""
+  loss = loss_fn(labels, logits)
+  sums = {"loss": tf.reduce_sum(loss), "num_examples": tf.size(loss)}
+  if metric_fn is not None:
+    sums["metric"] = tf.reduce_sum(metric_fn(labels, logits))
+  return sums
+
+
+class _Totals:
+  """Running per-head sums, turned into means at the end of the pass."""
+
+  def __init__(self):
+    self.sums = {}
+
+  def add(self, head, batch_sums):
+    totals = self.sums.setdefault(head, {})
+    for key, value in batch_sums.items():
+      totals[key] = totals.get(key, 0) + value.numpy().item()
+
+  def results(self, task):
+    """Per-head means, "final" first, then the exits in depth order."""
+    # Every head sees every example, so any head's count is the count.
+    count = next(iter(self.sums.values()))["num_examples"] if self.sums else 0
+    if not count:
+      raise ValueError(f"The dataset has no examples to evaluate. Received: "
+                       f"num_examples={count}")
+    exits = sorted((head for head in self.sums if head != FINAL_KEY),
+                   key=lambda head: int(head[len("exit_"):]))
+    results = {}
+    for head in [FINAL_KEY] + exits:
+      totals = self.sums[head]
+      loss = totals["loss"] / count
+      results[head] = {"loss": loss, "num_examples": count}
+      if "metric" in totals:
+        results[head]["accuracy"] = totals["metric"] / count
+      if task == "lm":
+        results[head]["perplexity"] = math.exp(loss)
+    return results
+
+
+def evaluate_modules(modules, dataset,
+                     loss_fn=losses_lib.sparse_softmax_cross_entropy,
+                     metric_fn=losses_lib.sparse_accuracy, *,
+                     task="classification"):
+  """Evaluates in-memory modules: the final logits and every early exit.
+
+  One forward pass per batch (training=False) serves all heads: exit k's
+  head reads module k's output on the way to the final logits.
+
+  Args:
+    modules: the K built `InterlockModule`s, in depth order.
+    dataset: a finite `tf.data.Dataset` (or iterable) of
+      `(features, labels)` batches.
+    loss_fn: `loss_fn(labels, logits) -> per-example loss [batch]`.
+    metric_fn: `metric_fn(labels, logits) -> per-example score [batch]`,
+      reported as "accuracy"; None leaves it out (as `evaluate_saved_model`
+      does for task="lm").
+    task: "classification", or "lm" to also report "perplexity" =
+      exp(loss); the loss must then be each sequence's mean token loss and
+      the sequences of equal length, so that its mean is the token mean.
+
+  Returns:
+    {"final": metrics, "exit_k": metrics, ...}: each with "loss",
+    "num_examples" and "accuracy" and/or "perplexity", as Python numbers.
+  """
+  _check_task(task)
+  _check_finite(dataset)
+  modules = list(modules)
+  exits = set(export.exit_indices(modules))
+
+  # reduce_retracing: a smaller last batch gives a batch-polymorphic trace
+  # instead of a second one.
+  @tf.function(reduce_retracing=True)
+  def batch_sums(features, labels):
+    h, sums = features, {}
+    for k, module in enumerate(modules, start=1):
+      h = module.forward(h, training=False)
+      if k in exits:
+        sums[f"exit_{k}"] = _batch_sums(
+            labels, module.aux_logits(h, training=False), loss_fn, metric_fn)
+    sums[FINAL_KEY] = _batch_sums(labels, h, loss_fn, metric_fn)
+    return sums
+
+  totals = _Totals()
+  for features, labels in dataset:
+    for head, sums in batch_sums(features, labels).items():
+      totals.add(head, sums)
+  return totals.results(task)
+
+
+def evaluate_saved_model(export_dir, dataset, *, task="classification"):
+  """Evaluates every signature of an `export.export_saved_model` export.
+
+  Args:
+    export_dir: the export's directory.
+    dataset: a finite `tf.data.Dataset` (or iterable) of
+      `(features, labels)` batches; features are cast to the signatures'
+      input dtype (e.g. int64 token ids to int32).
+    task: "classification" (loss and top-1 "accuracy") or "lm" (loss, the
+      mean next-token cross-entropy, and "perplexity").
+
+  Returns:
+    {"final": metrics, "exit_k": metrics, ...}, as `evaluate_modules`.
+  """
+  _check_task(task)
+  _check_finite(dataset)
+  loaded = export.load_exported(export_dir)
+  heads = {FINAL_KEY: export.SERVING_KEY}
+  heads.update({name: name for name in export.exit_names(loaded)})
+  metric_fn = losses_lib.sparse_accuracy if task == "classification" else None
+
+  @tf.function(reduce_retracing=True)
+  def batch_sums(labels, logits):
+    return _batch_sums(labels, logits,
+                       losses_lib.sparse_softmax_cross_entropy, metric_fn)
+
+  # Every signature has the same single input (see `export._signatures`).
+  serving = loaded.signatures[export.SERVING_KEY]
+  [(arg_name, spec)] = serving.structured_input_signature[1].items()
+
+  totals = _Totals()
+  for features, labels in dataset:
+    inputs = {arg_name: tf.cast(features, spec.dtype)}
+    for head, signature in heads.items():
+      logits = loaded.signatures[signature](**inputs)["logits"]
+      totals.add(head, batch_sums(labels, logits))
+  return totals.results(task)
+
