@@ -1,0 +1,98 @@
+"""Per-example losses and metrics for the interlocking training engine.
+
+Every module's loss L_k (the true loss for the last module, the auxiliary
+loss for the others; Gomez et al., 2022, arXiv:2010.04116) is a
+per-example cross-entropy. The functions here return one value per example,
+shape [B], and leave the batch reduction to the engine: under a distribution
+strategy the batch mean must divide by the *global* batch size
+(`tf.nn.compute_average_loss`), which only the engine knows.
+
+Logits may come from a `mixed_bfloat16` model. bfloat16 keeps about three
+significant digits, too few for a log-sum-exp over a large vocabulary, so the
+softmax is always computed in float32.
+"""
+
+import tensorflow as tf
+
+
+def _check_ranks(labels, logits):
+  """Checks that logits carry exactly one more (class) axis than labels."""
+  if labels.shape.rank is not None and logits.shape.rank is not None:
+    if logits.shape.rank != labels.shape.rank + 1:
+      raise ValueError(
+          f"logits must have one more axis (the classes) than labels, whose "
+          f"shape is {labels.shape}. Received: logits.shape={logits.shape}")
+    if labels.shape.rank < 1:
+      raise ValueError(
+          f"labels must have a batch axis. Received: "
+          f"labels.shape={labels.shape}")
+
+
+def _mean_over_non_batch_axes(values):
+  """Means [B, ...] down to [B] (e.g. over sequence positions)."""
+  rank = values.shape.rank
+  if rank == 1:
+    return values
+  axes = tf.range(1, tf.rank(values)) if rank is None else list(range(1, rank))
+  return tf.reduce_mean(values, axis=axes)
+
+
+def sparse_softmax_cross_entropy(labels, logits):
+  """Per-example softmax cross-entropy with integer labels.
+
+  For a language model (labels [B, T], logits [B, T, V]) this is each
+  sequence's mean next-token negative log-likelihood, so the batch mean of
+  the result is the usual per-token loss when all sequences have length T.
+
+  Args:
+    labels: int tensor [B] or [B, T, ...] of class ids in [0, num_classes).
+    logits: float tensor, the labels' shape plus a trailing class axis. Any
+      float dtype; the computation runs in float32.
+
+  Returns:
+    float32 tensor [B]: the loss of each example, averaged over its
+    non-batch axes.
+  """
+  labels = tf.convert_to_tensor(labels)
+  logits = tf.convert_to_tensor(logits)
+  _check_ranks(labels, logits)
+  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
+  return _mean_over_non_batch_axes(losses)
+
+
+def sparse_accuracy(labels, logits):
+  """Per-example top-1 accuracy with integer labels.
+
+  Args:
+    labels: int tensor [B] or [B, T, ...] of class ids.
+    logits: float tensor, the labels' shape plus a trailing class axis.
+
+  Returns:
+    float32 tensor [B]: 1.0/0.0 per example for [B] labels, or the fraction of
+    correct positions for [B, T, ...] labels. Ties in the logits go to the
+    lowest class id (the first maximum).
+  """
+  labels = tf.convert_to_tensor(labels)
+  logits = tf.convert_to_tensor(logits)
+  _check_ranks(labels, logits)
+  predictions = tf.argmax(tf.cast(logits, tf.float32), axis=-1,
+                          output_type=tf.int64)
+  correct = tf.cast(tf.equal(predictions, tf.cast(labels, tf.int64)),
+                    tf.float32)
+  return _mean_over_non_batch_axes(correct)
+
+
+def perplexity(mean_loss):
+  """Perplexity exp(L) of a mean per-token cross-entropy L (in nats).
+
+  Average the loss over tokens first, then exponentiate: the mean of
+  per-batch perplexities is not the perplexity of the data.
+
+  Args:
+    mean_loss: scalar (or any shape) mean negative log-likelihood per token.
+
+  Returns:
+    float32 tensor of the same shape, exp(mean_loss).
+  """
+  return tf.exp(tf.cast(mean_loss, tf.float32))
