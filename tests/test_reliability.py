@@ -1,6 +1,7 @@
 """Faults through the real binaries: bad flags, preemption, NaNs, corrupt
 checkpoints, broken exports and truncated data."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -13,6 +14,8 @@ import pytest
 import tensorflow as tf
 
 from tests.binaries import ROOT, run_binary
+from train import config as config_lib
+from train import flags_lib
 
 SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
          "--checkpoint_every_steps=10", "--eval_every_steps=10"]
@@ -191,3 +194,16 @@ def test_truncated_data_file_is_reported(tmp_path):
   last = proc.stderr.strip().splitlines()[-1]
   assert "train-labels-idx1-ubyte" in last
   assert not (tmp_path / "run").exists()
+
+
+def test_flag_types_parse():
+  fields = {f.name: f for f in dataclasses.fields(config_lib.Config)}
+  parse = flags_lib._parse  # pylint: disable=protected-access
+  assert parse(fields["lr_decay_fractions"], "0.3,0.6") == (0.3, 0.6)
+  assert parse(fields["split"], "2,3,4") == (2, 3, 4)
+  assert parse(fields["split"], "none") is None
+  assert parse(fields["train_steps"], "12") == 12
+  assert parse(fields["deterministic"], "true") is True
+  assert parse(fields["time_budget_s"], "1.5") == 1.5
+  with pytest.raises(ValueError, match="Received: deterministic='yes'"):
+    parse(fields["deterministic"], "yes")

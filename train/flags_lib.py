@@ -39,10 +39,12 @@ _FIELD_FLAGS = _define_all()
 
 def _parse(field, text):
   """Parses flag text into the field's type."""
-  kind = typing.get_args(field.type) or (field.type,)
-  if text.lower() in ("none", "") and type(None) in kind:
+  base, optional = field.type, False
+  if typing.get_origin(base) is typing.Union:  # Optional[X]
+    optional = type(None) in typing.get_args(base)
+    base = [t for t in typing.get_args(base) if t is not type(None)][0]
+  if optional and text.lower() in ("none", ""):
     return None
-  base = [t for t in kind if t is not type(None)][0]
   try:
     if base is bool:
       if text.lower() not in ("true", "false", "1", "0"):

@@ -7,7 +7,7 @@ def get_config():
   return config_lib.Config(
       model="resnet", resnet_preset="resnet20", aux_head="pool",
       dataset="fashion_mnist", strategy="2wise", num_modules=4,
-      placement="simulated", optimizer="sgd", learning_rate=0.05,
+      placement="simulated", optimizer="sgd", learning_rate=0.1,
       momentum=0.9, weight_decay=2e-4, lr_schedule="cosine", warmup_steps=20,
-      batch_size=64, train_steps=300, steps_per_loop=10, eval_every_steps=100,
-      eval_batches=40, checkpoint_every_steps=100)
+      batch_size=128, train_steps=300, steps_per_loop=10, eval_every_steps=100,
+      eval_batches=None, checkpoint_every_steps=100)
