@@ -49,6 +49,7 @@ class Config:
   dataset: str = "fashion_mnist"
   data_dir: Optional[str] = None
   source_dir: Optional[str] = None
+  augment: bool = True
   # Strategy and placement.
   strategy: str = "2wise"
   variant: str = "only"

@@ -108,7 +108,8 @@ def make_task(config):
                 deterministic=config.deterministic)
   return Task(
       "classification", info.num_classes, info.image_shape, tf.float32,
-      images.image_dataset(config.dataset, "train", training=True, **common),
+      images.image_dataset(config.dataset, "train", training=True,
+                           augment=config.augment, **common),
       images.image_dataset(config.dataset, "test", training=False, **common))
 
 

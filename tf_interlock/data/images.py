@@ -178,6 +178,7 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
                   source_dir: Optional[str] = None,
                   seed: Optional[int] = None, deterministic: bool = False,
                   drop_remainder: bool = True, flip: Optional[bool] = None,
+                  augment: bool = True,
                   shuffle_buffer: int = 10000,
                   tfds_name: Optional[str] = None,
                   download: bool = True) -> tf.data.Dataset:
@@ -197,6 +198,8 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
       reorder elements for speed.
     drop_remainder: Drop the last partial batch, so the batch dimension is
       static.
+    augment: Random crops (and flips) when training; False feeds the
+      images as they are (short runs learn faster without).
     flip: Random horizontal flips when training; None uses the dataset's
       default (on except for fashion_mnist).
     shuffle_buffer: Examples held in the shuffle buffer when training.
@@ -264,7 +267,11 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
     def preprocess(index, example):
       encoded, label = example
       example_seed = tf.stack([tf.constant(seed, tf.int64), index])
-      image = _augment(_decode(encoded, info), example_seed, info, flip)
+      image = _decode(encoded, info)
+      if augment:
+        image = _augment(image, example_seed, info, flip)
+      elif not info.crop_padding:
+        image = _center_crop(image)
       return image, label
   else:
 
