@@ -36,12 +36,12 @@ _STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
                                                "3wise"], "Strategies.")
 _PLACEMENT = flags.DEFINE_enum("placement", "simulated",
                                ["single", "simulated", "gpu"], "Placement.")
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Global batch size.")
-_STEPS = flags.DEFINE_integer("steps", 9, "Timed loop calls per strategy.")
-_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 4,
+_BATCH = flags.DEFINE_integer("batch_size", 512, "Global batch size.")
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed loop calls per strategy.")
+_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 16,
                                        "Steps per tf.function call.")
 _WIDTH = flags.DEFINE_integer("width", 1024, "MLP width.")
-_LAYERS = flags.DEFINE_integer("layers_per_module", 2, "MLP layers/module.")
+_LAYERS = flags.DEFINE_integer("layers_per_module", 1, "MLP layers/module.")
 _IMAGE = flags.DEFINE_integer("image_size", 32, "ResNet input size.")
 _CORES = flags.DEFINE_integer("num_cores", None,
                               "Cores for the model (default: K).")
