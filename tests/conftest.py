@@ -9,6 +9,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
+import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 NUM_TEST_DEVICES = 4
@@ -17,8 +19,6 @@ _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES)
 
-import pytest  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def mirrored():
@@ -26,6 +26,18 @@ def mirrored():
 
   Each new MirroredStrategy restarts its collective instance keys, and the
   runtime caches collective parameters by key: two strategies over the same
-  devices in one process can then clash. Real jobs build one strategy.
+  devices in one process can then clash (tensorflow/tensorflow#62790). Real
+  jobs build one strategy.
   """
   return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+@pytest.fixture
+def mixed_bfloat16():
+  """Runs a test under the mixed_bfloat16 policy, then restores the policy."""
+  previous = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    yield
+  finally:
+    keras.mixed_precision.set_global_policy(previous)

@@ -9,16 +9,6 @@ from layers import aux_heads
 from layers.aux_heads import ConvAuxHead, SequenceAuxHead
 
 
-@pytest.fixture
-def mixed_bfloat16():
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy("mixed_bfloat16")
-  try:
-    yield
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def _num_params(layer):
   return sum(int(np.prod(w.shape)) for w in layer.trainable_weights)
 

@@ -11,16 +11,6 @@ from layers.interlock_module import InterlockModule
 from tf_interlock import partition
 
 
-@pytest.fixture
-def mixed_bfloat16():
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy("mixed_bfloat16")
-  try:
-    yield
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def _build(modules, input_shape):
   """Builds the modules in order, as an engine would, one per device."""
   shape = (None,) + tuple(input_shape)

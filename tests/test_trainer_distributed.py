@@ -138,3 +138,25 @@ def test_microbatches_must_divide_batch():
   with pytest.raises(ValueError, match="Received: num_microbatches=4"):
     trainer.train_loop(iter(trainer.distribute_dataset(
         helpers.repeat_dataset(x, y))))
+
+
+@pytest.mark.parametrize("strategy", ["e2e", "2wise", "local"])
+def test_microbatches_equal_full_batch(strategy):
+  """M microbatches, gradients summed, one update: the full-batch step."""
+  x, y = helpers.batch(size=16)
+  results = []
+  for m in (1, 4):
+    modules = helpers.mlp_modules(K, seed=11)
+    trainer = InterlockTrainer(modules, lambda k: keras.optimizers.Adam(0.01),
+                               strategy, loss_fn=helpers.cross_entropy,
+                               num_microbatches=m)
+    trainer.build(x)
+    iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
+    metrics = [trainer.train_loop(iterator) for _ in range(3)]
+    results.append((helpers.weights(modules), metrics))
+  (full, m_full), (micro, m_micro) = results
+  for a, b in zip(full, micro):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  for a, b in zip(m_full, m_micro):
+    np.testing.assert_allclose(a["module_3/loss"], b["module_3/loss"],
+                               rtol=1e-5)

@@ -12,16 +12,6 @@ from layers.interlock_module import InterlockModule
 VOCAB, SEQ, LAYERS, D, HEADS, MLP = 37, 8, 4, 16, 2, 32
 
 
-@pytest.fixture
-def mixed_bfloat16():
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy("mixed_bfloat16")
-  try:
-    yield
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def _modules(num_modules=3, **kwargs):
   modules = transformer.transformer_lm_modules(
       VOCAB, SEQ, LAYERS, D, HEADS, MLP, num_modules, **kwargs)
