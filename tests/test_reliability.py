@@ -42,6 +42,21 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A 10-step run (checkpoint at step 10, export) that tests copy."""
+  model_dir = str(tmp_path_factory.mktemp("trained") / "run")
+  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
+             "--train_steps=10")
+  return model_dir
+
+
+def _copy(trained_dir, tmp_path):
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(trained_dir, model_dir)
+  return model_dir
+
+
 def _start(module, *flags):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
   return subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT,
@@ -65,10 +80,8 @@ def test_bad_inputs_fail_cleanly_and_write_nothing(tmp_path):
     assert not model_dir.exists(), flags
 
 
-def test_other_architecture_in_model_dir_is_refused(tmp_path):
-  model_dir = str(tmp_path / "run")
-  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-             "--train_steps=5")
+def test_other_architecture_in_model_dir_is_refused(trained, tmp_path):
+  model_dir = _copy(trained, tmp_path)
   before = sorted(os.listdir(model_dir))
   proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
                     "--train_steps=10", "--mlp_width=64", check=False)
@@ -122,10 +135,8 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
   assert latest.endswith(f"ckpt-{step}")
 
 
-def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
-  model_dir = str(tmp_path / "run")
-  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-             "--train_steps=10")
+def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path):
+  model_dir = _copy(trained, tmp_path)
   good = _final_weights(model_dir)
   proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
                     "--train_steps=30", "--learning_rate=1e30", check=False)
@@ -143,10 +154,8 @@ def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
   assert skip.returncode != 0 and "non-finite" in skip.stderr
 
 
-def test_corrupt_checkpoint_is_reported_and_kept(tmp_path):
-  model_dir = str(tmp_path / "run")
-  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-             "--train_steps=10")
+def test_corrupt_checkpoint_is_reported_and_kept(trained, tmp_path):
+  model_dir = _copy(trained, tmp_path)
   ckpt_dir = os.path.join(model_dir, "checkpoints")
   data = [f for f in os.listdir(ckpt_dir) if f.startswith("ckpt-10.data")][0]
   path = os.path.join(ckpt_dir, data)
@@ -162,12 +171,9 @@ def test_corrupt_checkpoint_is_reported_and_kept(tmp_path):
           for f in os.listdir(ckpt_dir)} == snapshot
 
 
-def test_broken_export_is_reported(tmp_path):
-  model_dir = str(tmp_path / "run")
-  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-             "--train_steps=5")
+def test_broken_export_is_reported(trained, tmp_path):
   broken = tmp_path / "broken"
-  shutil.copytree(os.path.join(model_dir, "export"), broken)
+  shutil.copytree(os.path.join(trained, "export"), broken)
   shutil.rmtree(broken / "variables")
   proc = run_binary("train.evaluate", f"--saved_model={broken}",
                     "--preset=synthetic_mlp", check=False)

@@ -191,8 +191,14 @@ def validate(config, num_replicas=1):
           f"{config.num_microbatches} microbatches")
   if config.placement == "tpu" and not config.tpu:
     _fail("tpu", config.tpu, "placement=tpu needs --tpu (name or grpc://)")
-  for name in ("data_dir", "source_dir"):
-    path = getattr(config, name)
-    if path and not path.startswith("gs://") and not os.access(
-        path, os.R_OK):
-      _fail(name, path, "must be a readable directory")
+  if config.source_dir and not os.access(config.source_dir, os.R_OK):
+    _fail("source_dir", config.source_dir, "must be a readable directory")
+  data_dir = config.data_dir
+  if data_dir and not data_dir.startswith("gs://"):
+    # TFDS prepares data into data_dir, so a new folder is fine when its
+    # parent exists and is writable.
+    parent = os.path.dirname(os.path.abspath(data_dir))
+    if not (os.access(data_dir, os.R_OK) if os.path.exists(data_dir) else
+            os.access(parent, os.W_OK)):
+      _fail("data_dir", data_dir, "must be a readable directory, or a new "
+            "one in a writable folder")

@@ -83,7 +83,8 @@ def _restore(checkpoint, path):
   """
   try:
     checkpoint.restore(path).assert_existing_objects_matched()
-  except (tf.errors.OpError, AssertionError, ValueError) as e:
+  except (tf.errors.OpError, AssertionError, ValueError, IndexError,
+          KeyError) as e:
     first = str(e).strip().splitlines()[0][:200]
     raise TrainingError(
         f"cannot restore checkpoint {path} ({type(e).__name__}: {first}); "
