@@ -5,7 +5,11 @@ import re
 import subprocess
 import sys
 
+# The example imports these; importing them here also makes them the test's
+# Bazel deps.
+from layers import interlock_module  # noqa: F401  pylint: disable=unused-import
 from tests.binaries import ROOT
+from tf_interlock import trainer  # noqa: F401  pylint: disable=unused-import
 
 
 def test_readme_python_example_runs(tmp_path):
