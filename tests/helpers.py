@@ -52,3 +52,14 @@ def repeat_dataset(x, y):
 
 def weights(modules):
   return [v.numpy().copy() for m in modules for v in m.weights]
+
+
+def stacked_forward(modules, x, training=False):
+  """Stacked forward pass: (final output, [aux logits of modules 1..K-1])."""
+  aux = []
+  for module in modules:
+    h = module.forward(x, training=training)
+    if module.has_aux_head:
+      aux.append(module.aux_logits(h, training=training))
+    x = h
+  return x, aux

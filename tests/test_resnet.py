@@ -8,6 +8,7 @@ import tensorflow as tf
 from layers import aux_heads
 from layers import resnet
 from layers.interlock_module import InterlockModule
+from tests import helpers
 from tf_interlock import partition
 
 
@@ -24,17 +25,6 @@ def _main_params(modules):
   """Trainable parameters of the main path: the bodies, not the aux heads."""
   return sum(int(np.prod(w.shape))
              for m in modules for w in m.body.trainable_weights)
-
-
-def _run(modules, x, training=False):
-  """Stacked forward pass: (final output, [aux logits of modules 1..K-1])."""
-  aux = []
-  for module in modules:
-    h = module.forward(x, training=training)
-    if module.has_aux_head:
-      aux.append(module.aux_logits(h, training=training))
-    x = h
-  return x, aux
 
 
 @pytest.mark.parametrize("preset, num_classes, input_shape, expected", [
@@ -84,7 +74,7 @@ def test_forward_shapes_and_aux_heads():
   modules = resnet.resnet_modules("resnet20", 7, 3, stage_blocks=(1, 1, 1),
                                   aux_head="pool")
   x = tf.random.normal([2, 16, 16, 3])
-  out, aux = _run(modules, x, training=True)
+  out, aux = helpers.stacked_forward(modules, x, training=True)
   assert out.shape == (2, 7)
   assert [a.shape for a in aux] == [(2, 7), (2, 7)]
   # One block per module: the feature maps halve after the first stage.
@@ -100,7 +90,7 @@ def test_imagenet_stem_and_width_multiplier():
   x = tf.random.normal([1, 64, 64, 3])
   stem = modules[0].body.layers[0]
   assert stem(x).shape == (1, 16, 16, 16)  # /2 conv, /2 max pool, 64 x 0.25.
-  out, _ = _run(modules, x)
+  out, _ = helpers.stacked_forward(modules, x)
   assert out.shape == (1, 5)
   assert modules[1].body.layers[-2].out_filters == 128
 
@@ -239,7 +229,7 @@ def test_checkpoint_restores_every_weight(tmp_path):
                                   for k, m in enumerate(modules)})
 
   modules = fresh()
-  _run(modules, tf.random.normal([4, 8, 8, 3]), training=True)  # Moves BN.
+  helpers.stacked_forward(modules, tf.random.normal([4, 8, 8, 3]), training=True)  # Moves BN.
   path = checkpoint(modules).write(str(tmp_path / "ckpt"))
   restored = fresh()
   checkpoint(restored).read(path).assert_consumed()
@@ -254,7 +244,7 @@ def test_checkpoint_restores_every_weight(tmp_path):
 def test_mixed_bfloat16_forward(mixed_bfloat16):
   del mixed_bfloat16
   modules = resnet.resnet_modules("resnet20", 10, 2, stage_blocks=(1, 1, 1))
-  out, aux = _run(modules, tf.random.normal([2, 8, 8, 3]), training=True)
+  out, aux = helpers.stacked_forward(modules, tf.random.normal([2, 8, 8, 3]), training=True)
   assert out.dtype == tf.bfloat16 and aux[0].dtype == tf.bfloat16
   assert modules[0].body.layers[0].conv.kernel.dtype == "float32"
   assert np.all(np.isfinite(tf.cast(out, tf.float32).numpy()))

@@ -8,6 +8,7 @@ import tensorflow as tf
 from layers import transformer
 from layers.aux_heads import SequenceAuxHead
 from layers.interlock_module import InterlockModule
+from tests import helpers
 
 VOCAB, SEQ, LAYERS, D, HEADS, MLP = 37, 8, 4, 16, 2, 32
 
@@ -23,16 +24,6 @@ def _modules(num_modules=3, **kwargs):
   return modules
 
 
-def _run(modules, ids, training=False):
-  """Stacked forward pass: (final logits, [aux logits of modules 1..K-1])."""
-  x, aux = ids, []
-  for module in modules:
-    h = module.forward(x, training=training)
-    if module.has_aux_head:
-      aux.append(module.aux_logits(h, training=training))
-    x = h
-  return x, aux
-
 
 def _ids(batch=2, seed=0):
   return np.random.default_rng(seed).integers(0, VOCAB, size=(batch, SEQ))
@@ -45,7 +36,7 @@ def _unique_params(modules):
 
 def test_shapes_and_layout():
   modules = _modules(split=[1, 2, 1])
-  logits, aux = _run(modules, _ids())
+  logits, aux = helpers.stacked_forward(modules, _ids())
   assert logits.shape == (2, SEQ, VOCAB)
   assert [a.shape for a in aux] == [(2, SEQ, VOCAB)] * 2
   names = [[layer.name for layer in m.body.layers] for m in modules]
@@ -70,8 +61,8 @@ def test_causality_through_stacked_modules(position):
   ids = _ids(batch=1)
   changed = ids.copy()
   changed[0, position] = (ids[0, position] + 1) % VOCAB
-  before = [_run(modules, ids)[0]] + _run(modules, ids)[1]
-  after = [_run(modules, changed)[0]] + _run(modules, changed)[1]
+  before = [helpers.stacked_forward(modules, ids)[0]] + helpers.stacked_forward(modules, ids)[1]
+  after = [helpers.stacked_forward(modules, changed)[0]] + helpers.stacked_forward(modules, changed)[1]
   for a, b in zip(before, after):
     # Earlier positions never see a later token, in any module or head.
     np.testing.assert_array_equal(a[:, :position], b[:, :position])
@@ -99,16 +90,16 @@ def test_tied_model_checkpoint_roundtrip(tmp_path):
 
   modules = fresh()
   ids = _ids()
-  expected = _run(modules, ids)
+  expected = helpers.stacked_forward(modules, ids)
   # Track each module as an attribute: layers only in a list are not saved.
   path = tf.train.Checkpoint(
       **{f"module{k}": m for k, m in enumerate(modules)}).write(
           str(tmp_path / "ckpt"))
   restored_modules = fresh()
-  assert not np.allclose(_run(restored_modules, ids)[0], expected[0])
+  assert not np.allclose(helpers.stacked_forward(restored_modules, ids)[0], expected[0])
   tf.train.Checkpoint(**{f"module{k}": m for k, m in enumerate(
       restored_modules)}).read(path).assert_consumed()
-  got = _run(restored_modules, ids)
+  got = helpers.stacked_forward(restored_modules, ids)
   for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   head = restored_modules[-1].body.layers[-1]
@@ -189,17 +180,17 @@ def test_bad_shapes_raise_clear_errors():
 def test_shorter_sequences_and_dropout():
   modules = _modules(dropout=0.5)
   ids = _ids()[:, :5]
-  logits, _ = _run(modules, ids)
+  logits, _ = helpers.stacked_forward(modules, ids)
   assert logits.shape == (2, 5, VOCAB)
   # Dropout is active only in training.
-  np.testing.assert_array_equal(logits, _run(modules, ids)[0])
-  assert not np.allclose(logits, _run(modules, ids, training=True)[0])
+  np.testing.assert_array_equal(logits, helpers.stacked_forward(modules, ids)[0])
+  assert not np.allclose(logits, helpers.stacked_forward(modules, ids, training=True)[0])
 
 
 def test_mixed_bfloat16_forward(mixed_bfloat16):
   del mixed_bfloat16
   modules = _modules(tie_embeddings=True)
-  logits, aux = _run(modules, _ids(), training=True)
+  logits, aux = helpers.stacked_forward(modules, _ids(), training=True)
   assert logits.dtype == tf.bfloat16 and aux[0].dtype == tf.bfloat16
   assert modules[0].body.layers[1].embeddings.dtype == "float32"
   assert np.all(np.isfinite(tf.cast(logits, tf.float32).numpy()))
