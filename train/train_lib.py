@@ -16,6 +16,7 @@ import sys
 import time
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from tf_interlock import evaluation
@@ -195,6 +196,10 @@ def train_and_evaluate(config, out=sys.stdout):
   eval_writer = tf.summary.create_file_writer(
       os.path.join(config.model_dir, "eval"))
   preemption = _Preemption()
+  # On a terminal a progress bar replaces the per-loop lines.
+  progbar = (keras.utils.Progbar(steps, stateful_metrics=[
+      f"L{k + 1}" for k in range(config.num_modules)])
+             if steps and hasattr(out, "isatty") and out.isatty() else None)
   start, step = time.monotonic(), int(global_step)
   first_step, results = step, None
   saved_step, eval_step = step if manager.latest_checkpoint else -1, -1
@@ -222,9 +227,14 @@ def train_and_evaluate(config, out=sys.stdout):
       global_step.assign(step)
       rate = (step - first_step) / max(time.monotonic() - start, 1e-9)
       eta = (steps - step) / rate if steps and rate else None
-      print(_progress_line(step, steps, metrics, n / elapsed,
-                           n * config.batch_size / elapsed, eta),
-            file=out, flush=True)
+      if progbar is not None:
+        progbar.update(step, [(key.replace("module_", "L").split("/")[0],
+                               value) for key, value in sorted(
+                                   metrics.items()) if key.endswith("/loss")])
+      else:
+        print(_progress_line(step, steps, metrics, n / elapsed,
+                             n * config.batch_size / elapsed, eta),
+              file=out, flush=True)
       _write_scalars(train_writer, step, {
           **metrics, **_learning_rates(trainer),
           "step_time_s": elapsed / n,
