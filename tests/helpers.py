@@ -63,3 +63,12 @@ def stacked_forward(modules, x, training=False):
       aux.append(module.aux_logits(h, training=training))
     x = h
   return x, aux
+
+
+def assert_keras_round_trip(model, inputs, path):
+  """Saves `model` as a .keras file, reloads it, compares every output."""
+  expected = model(inputs)
+  model.save(path)
+  restored = keras.saving.load_model(path)
+  for a, b in zip(restored(inputs), expected):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -209,12 +209,7 @@ def test_saved_keras_file_roundtrip(tmp_path):
   h, aux = modules[0](inputs)
   model = keras.Model(inputs, [modules[1](h), aux])
   x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
-  expected = model(x)
-  path = str(tmp_path / "resnet.keras")
-  model.save(path)
-  restored = keras.saving.load_model(path)
-  for a, b in zip(restored(x), expected):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  helpers.assert_keras_round_trip(model, x, str(tmp_path / "resnet.keras"))
 
 
 def test_checkpoint_restores_every_weight(tmp_path):

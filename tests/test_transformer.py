@@ -127,13 +127,7 @@ def test_saved_keras_file_roundtrip(tmp_path):
   inputs = keras.Input((SEQ,), dtype="int32")
   h, aux = modules[0](inputs)
   model = keras.Model(inputs, [modules[1](h), aux])
-  ids = _ids()
-  expected = model(ids)
-  path = str(tmp_path / "lm.keras")
-  model.save(path)
-  restored = keras.saving.load_model(path)
-  for a, b in zip(restored(ids), expected):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  helpers.assert_keras_round_trip(model, _ids(), str(tmp_path / "lm.keras"))
 
 
 def test_balance_by_flops():

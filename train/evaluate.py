@@ -26,7 +26,7 @@ def main(argv):
     if not _SAVED_MODEL.value:
       raise ValueError("--saved_model is required. Received: saved_model=None")
     config = flags_lib.config_from_flags()
-    task = setup_lib.make_task(config)
+    task = setup_lib.make_task(config, with_train=False)
     dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
         task.eval)
     results = evaluation.evaluate_saved_model(

@@ -49,7 +49,7 @@ def export_run(model_dir, export_dir=None):
     raise FileNotFoundError(f"No checkpoint under {model_dir}/checkpoints. "
                             f"Received: model_dir={model_dir!r}")
   setup_lib.setup_runtime(config)
-  task = setup_lib.make_task(config)
+  task = setup_lib.make_task(config, with_train=False)
   modules = setup_lib.make_modules(config, task)
   h = next(iter(task.eval.take(1)))[0]
   for module in modules:  # build every weight before restoring

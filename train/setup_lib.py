@@ -30,7 +30,7 @@ class Task:
   num_classes: int
   input_shape: tuple
   input_dtype: Any
-  train: tf.data.Dataset
+  train: Optional[tf.data.Dataset]
   eval: tf.data.Dataset
   unigram_perplexity: Optional[float] = None
 
@@ -83,11 +83,18 @@ def _text_corpus(config):
   return text.TextCorpus(paths=config.source_dir or text.DEFAULT_TEXT_DIR)
 
 
-def make_task(config):
-  """Train and eval datasets (global batches) and the task's shape."""
+def make_task(config, with_train=True):
+  """Train and eval datasets (global batches) and the task's shape.
+
+  Args:
+    config: the `Config`.
+    with_train: False leaves `Task.train` None (evaluation and export need
+      no shuffled, repeated training pipeline).
+  """
   if config.dataset == "synthetic":
     return Task("classification", SYNTHETIC_CLASSES, (SYNTHETIC_DIM,),
-                tf.float32, _synthetic(config, True), _synthetic(config, False))
+                tf.float32, _synthetic(config, True) if with_train else None,
+                _synthetic(config, False))
   if config.is_text:
     corpus = _text_corpus(config)
     vocab = text.get_vocabulary(
@@ -98,7 +105,8 @@ def make_task(config):
                   seed=config.seed, deterministic=config.deterministic)
     return Task(
         "lm", vocab.size, (config.seq_len,), tf.int32,
-        text.lm_dataset(corpus, vocab, "train", training=True, **common),
+        text.lm_dataset(corpus, vocab, "train", training=True, **common)
+        if with_train else None,
         text.lm_dataset(corpus, vocab, "validation", training=False,
                         **common),
         unigram_perplexity=text.unigram_perplexity(corpus, vocab))
@@ -109,7 +117,8 @@ def make_task(config):
   return Task(
       "classification", info.num_classes, info.image_shape, tf.float32,
       images.image_dataset(config.dataset, "train", training=True,
-                           augment=config.augment, **common),
+                           augment=config.augment, **common)
+      if with_train else None,
       images.image_dataset(config.dataset, "test", training=False, **common))
 
 
