@@ -4,7 +4,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo benchmark data bazel-test clean
+.PHONY: setup test demo benchmark device-check data bazel-test clean
 
 setup: $(STAMP)
 
@@ -37,11 +37,21 @@ data:
 demo: setup data
 	$(PYTHON) -m train.train --preset=fashion_mnist_resnet \
 	  --model_dir=$(DEMO_DIR)
-	$(PYTHON) -m train.evaluate --preset=fashion_mnist_resnet \
-	  --saved_model=$(DEMO_DIR)/export
+	$(PYTHON) -m train.evaluate --model_dir=$(DEMO_DIR)
 
+# MLP K = 4 on simulated devices vs plain Keras fit on all cores (its own
+# process); every strategy on the threading plan the schedule model picks.
+BENCH_OUT := docs/results/benchmark_mlp_k4_simulated
 benchmark: setup
-	$(PYTHON) -m train.benchmark
+	$(PYTHON) -m train.benchmark --json_out=$(BENCH_OUT).json \
+	  > $(BENCH_OUT).txt.new
+	mv $(BENCH_OUT).txt.new $(BENCH_OUT).txt
+	cat $(BENCH_OUT).txt
+
+# Step time with one core (or GPU) per module, measured vs the schedule model,
+# in under 8 minutes (train/device_check.py); degenerate (K = 2) on < 8 cores.
+device-check: setup
+	$(PYTHON) -m train.device_check --out_dir=runs/device_check
 
 # Bazel (Debian's bazel-bootstrap 4.2.3, offline): BUILD is generated from the
 # tree by tools/gen_build.py, and bazel-test fails while it is stale.

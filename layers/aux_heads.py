@@ -18,67 +18,11 @@ L_k = loss(A_k(h_k), y). Two families are used:
 import keras
 from keras import ops
 
+from layers.common import batch_norm, conv2d, track_as_attributes
+
 # Conv widths of the auxiliary heads in the authors' released ResNet code.
 AUTHORS_FILTERS = (128, 64)
 CONV_AUX_HEAD_KINDS = {"authors": AUTHORS_FILTERS, "pool": ()}
-
-
-def conv2d(filters, kernel_size, strides=1, *, dtype=None, name=None):
-  """A 'same'-padded Conv2D for conv + BN pairs.
-
-  No bias: the BN that follows subtracts the mean, and its beta plays that
-  role. Weights are He-normal over fan-out (He et al., 2015), as in common
-  ResNet code.
-
-  Args:
-    filters: output channels.
-    kernel_size: side of the square kernel.
-    strides: spatial stride.
-    dtype: dtype policy (pass the parent layer's `dtype_policy`).
-    name: layer name.
-
-  Returns:
-    An unbuilt `keras.layers.Conv2D`.
-  """
-  return keras.layers.Conv2D(
-      filters, kernel_size, strides=strides, padding="same", use_bias=False,
-      kernel_initializer=keras.initializers.VarianceScaling(
-          scale=2.0, mode="fan_out", distribution="untruncated_normal"),
-      dtype=dtype, name=name)
-
-
-def batch_norm(synchronized=True, *, dtype=None, name=None):
-  """BatchNormalization; `synchronized` all-reduces statistics over replicas.
-
-  Under MirroredStrategy, unsynchronized BN lets the moving statistics drift
-  apart per replica; synchronized BN works unchanged with the default
-  strategy (one replica), so it is the safe default.
-
-  Args:
-    synchronized: passed to `keras.layers.BatchNormalization`.
-    dtype: dtype policy (pass the parent layer's `dtype_policy`).
-    name: layer name.
-
-  Returns:
-    An unbuilt `keras.layers.BatchNormalization`.
-  """
-  return keras.layers.BatchNormalization(synchronized=synchronized,
-                                         dtype=dtype, name=name)
-
-
-def track_as_attributes(layer, sublayers):
-  """Makes `layer` track each of `sublayers` as an attribute named after it.
-
-  tf.train.Checkpoint does not save Keras 3 layers held only in a Python list
-  (keras-team/keras#18398), and says nothing: the restore leaves them at
-  their initial values. An attribute per sublayer gets them saved.
-
-  Args:
-    layer: the owning Keras layer.
-    sublayers: Keras layers with names unique within `layer`.
-  """
-  for sublayer in sublayers:
-    setattr(layer, sublayer.name, sublayer)
 
 
 @keras.saving.register_keras_serializable(package="tf_interlock")
@@ -89,7 +33,8 @@ class ConvAuxHead(keras.layers.Layer):
     num_classes: number of output logits.
     filters: sequence of conv widths, one 3x3 conv + BN + ReLU each; `()`
       gives the minimal pool + dense head.
-    synchronized_bn: use synchronized BatchNormalization (see `batch_norm`).
+    synchronized_bn: use synchronized BatchNormalization (see
+      `common.batch_norm`).
     **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
   Call arguments:
@@ -140,7 +85,7 @@ class ConvAuxHead(keras.layers.Layer):
     return (input_shape[0], self.num_classes)
 
   def flops(self, input_shape):
-    """Multiply-adds x 2 of one example, for input shape [H, W, C]."""
+    """FLOPs (2 x multiply-adds) of one example with input shape (H, W, C)."""
     height, width, channels = input_shape[-3:]
     total = 0
     for f in self.filters:
@@ -282,8 +227,10 @@ class SequenceAuxHead(keras.layers.Layer):
   def compute_output_shape(self, input_shape):
     return tuple(input_shape[:-1]) + (self.vocab_size,)
 
-  def flops(self, seq_len, d_model):
-    """Multiply-adds x 2 of one sequence: the [T, d] x [d, V] projection."""
+  def flops(self, input_shape):
+    """FLOPs (2 x multiply-adds) of one sequence with input shape (T, d):
+    the [T, d] x [d, V] projection."""
+    seq_len, d_model = input_shape[-2:]
     return 2 * seq_len * d_model * self.vocab_size
 
   def get_config(self):

@@ -13,10 +13,9 @@ ResNet-18/34/50/101 (1x1 conv + BN "projection" shortcuts).
 import keras
 from keras import ops
 
-from layers.aux_heads import (ConvAuxHead, batch_norm, conv2d,
-                               make_conv_aux_head, track_as_attributes)
-from layers.interlock_module import InterlockModule
-from tf_interlock import partition
+from layers import common
+from layers.aux_heads import ConvAuxHead, make_conv_aux_head
+from layers.common import batch_norm, conv2d, track_as_attributes
 
 # name -> (stem kind, block kind, blocks per stage)
 PRESETS = {
@@ -32,7 +31,7 @@ PRESETS = {
 STAGE_WIDTHS = {"cifar": (16, 32, 64), "imagenet": (64, 128, 256, 512)}
 DEFAULT_INPUT_SHAPES = {"cifar": (32, 32, 3), "imagenet": (224, 224, 3)}
 DEFAULT_SHORTCUTS = {"cifar": "pad", "imagenet": "projection"}
-BALANCE_MODES = ("flops", "main_flops", "blocks")
+BALANCE_MODES = common.BALANCE_MODES
 SHORTCUTS = ("pad", "projection")
 
 
@@ -267,7 +266,7 @@ def resnet_layers(preset, num_classes, *, width=1.0, stage_blocks=None,
     shortcut: "pad" or "projection" for shape-changing shortcuts; None uses
       the preset family's default.
     synchronized_bn: use synchronized BatchNormalization (see
-      `aux_heads.batch_norm`).
+      `common.batch_norm`).
 
   Returns:
     (`ResNetStem`, list of residual blocks, pool + dense head).
@@ -363,11 +362,6 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
   stem, blocks, head = resnet_layers(
       preset, num_classes, width=width, stage_blocks=stage_blocks,
       shortcut=shortcut, synchronized_bn=synchronized_bn)
-  partition.check_num_modules(num_modules, len(blocks))
-  if balance not in BALANCE_MODES:
-    raise ValueError(
-        f"balance must be one of {BALANCE_MODES}. Received: "
-        f"balance={balance!r}")
 
   def new_aux_head(k):
     return None if aux_head is None else make_conv_aux_head(
@@ -375,26 +369,18 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
         name=f"aux_head{k}")
 
   probe = new_aux_head(0)  # Fails early on a bad `aux_head`, even for K = 1.
-  if split is not None:
-    split = partition.check_split(split, len(blocks), num_modules)
-  elif balance == "blocks":
-    split = partition.balanced_split([1] * len(blocks), num_modules)
-  else:
-    input_shape = input_shape or DEFAULT_INPUT_SHAPES[_preset(preset)[0]]
-    flops, shapes = count_flops([stem] + blocks + [head], input_shape)
-    costs = flops[1:-1]
-    costs[0], costs[-1] = costs[0] + flops[0], costs[-1] + flops[-1]
+
+  def costs(balance):
+    shape = input_shape or DEFAULT_INPUT_SHAPES[_preset(preset)[0]]
+    flops, shapes = count_flops([stem] + blocks + [head], shape)
+    block_costs = flops[1:-1]
+    block_costs[0] += flops[0]
+    block_costs[-1] += flops[-1]
     # shapes[j + 2] is the output shape of block j, what A_k would see.
     cuts = ([probe.flops(s) for s in shapes[2:]]
             if probe is not None and balance == "flops" else None)
-    split = partition.balanced_split(costs, num_modules, cut_costs=cuts)
+    return block_costs, cuts
 
-  modules = []
-  for k, group in enumerate(partition.take(blocks, split), start=1):
-    last = k == len(split)
-    body = ([stem] if k == 1 else []) + group + ([head] if last else [])
-    modules.append(InterlockModule(
-        body, aux_head=None if last else new_aux_head(k),
-        name=f"{name}_module{k}"))
-  return modules
-
+  return common.split_modules(
+      [stem], blocks, [head], num_modules, split=split, balance=balance,
+      costs=costs, new_aux_head=new_aux_head, name=name)

@@ -21,11 +21,10 @@ on tokens 0..t only, in every module and every aux head.
 import keras
 from keras import ops
 
+from layers import common
 from layers.aux_heads import SequenceAuxHead
-from layers.interlock_module import InterlockModule
-from tf_interlock import partition
 
-BALANCE_MODES = ("flops", "main_flops", "blocks")
+BALANCE_MODES = common.BALANCE_MODES
 
 
 def _init():
@@ -149,14 +148,14 @@ class TransformerBlock(keras.layers.Layer):
   def compute_output_shape(self, input_shape):
     return tuple(input_shape)
 
-  def flops(self, seq_len):
-    """FLOPs (2 x multiply-adds) of one sequence of length `seq_len`.
+  def flops(self, input_shape):
+    """FLOPs (2 x multiply-adds) of one sequence with input shape (T, d).
 
     Multiply-adds: Q, K, V and output projections 4 T d^2; scores Q K^T and
     the weighted sum of V 2 T^2 d (computed in full, then masked); MLP
     2 T d m. LayerNorm, softmax and GELU are linear in T d and left out.
     """
-    t, d = seq_len, self.d_model
+    t, d = input_shape[-2], self.d_model
     return 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * self.mlp_dim)
 
   def get_config(self):
@@ -207,11 +206,6 @@ def transformer_lm_modules(vocab_size, seq_len, num_layers, d_model,
     A list of K `InterlockModule`s mapping int ids [B, T] to logits
     [B, T, V] when stacked.
   """
-  partition.check_num_modules(num_modules, num_layers)
-  if balance not in BALANCE_MODES:
-    raise ValueError(
-        f"balance must be one of {BALANCE_MODES}. Received: "
-        f"balance={balance!r}")
   token_embedding = keras.layers.Embedding(
       vocab_size, d_model, embeddings_initializer=_init(),
       name="token_embedding")
@@ -229,25 +223,20 @@ def transformer_lm_modules(vocab_size, seq_len, num_layers, d_model,
       vocab_size, tie_to=token_embedding if tie_embeddings else None,
       name="output_head")
 
-  if split is not None:
-    split = partition.check_split(split, num_layers, num_modules)
-  elif balance == "blocks":
-    split = partition.balanced_split([1] * num_layers, num_modules)
-  else:
-    costs = [block.flops(seq_len) for block in blocks]
-    head_cost = output_head.flops(seq_len, d_model)
-    costs[-1] += head_cost
+  def costs(balance):
+    shape = (seq_len, d_model)
+    block_costs = [block.flops(shape) for block in blocks]
+    head_cost = output_head.flops(shape)
+    block_costs[-1] += head_cost
     # Every aux head is a [T, d] x [d, V] projection, like the output head.
     cuts = [head_cost] * num_layers if balance == "flops" else None
-    split = partition.balanced_split(costs, num_modules, cut_costs=cuts)
+    return block_costs, cuts
 
-  modules = []
-  for k, group in enumerate(partition.take(blocks, split), start=1):
-    last = k == len(split)
-    body = (embed if k == 1 else []) + group + ([output_head] if last else [])
-    aux_head = None if last else SequenceAuxHead(
+  def new_aux_head(k):
+    return SequenceAuxHead(
         vocab_size, tie_to=token_embedding if aux_tie_embeddings else None,
         name=f"aux_head{k}")
-    modules.append(InterlockModule(body, aux_head=aux_head,
-                                   name=f"{name}_module{k}"))
-  return modules
+
+  return common.split_modules(
+      embed, blocks, [output_head], num_modules, split=split,
+      balance=balance, costs=costs, new_aux_head=new_aux_head, name=name)

@@ -1,65 +1,133 @@
-"""train.compare end to end on generated data: two strategies for a tiny
-budget each, the three outputs, and reruns that reuse the finished runs."""
+"""train.compare end to end on generated data: two strategies, two seeds,
+the outputs, reruns that reuse the finished runs, and bad flags."""
 
+import dataclasses
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
-from tests.binaries import run_binary
+import pytest
+
+from tests.binaries import ROOT, run_binary
+from train import config
+from train import study_lib
 
 STRATEGIES = ("e2e", "local")
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def _start(*flags):
+  """train.compare in the background (several checks run at once)."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  return subprocess.Popen([sys.executable, "-m", "train.compare", *flags],
+                          cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _mtimes(out_dir):
-  """Modification times of what a strategy's run leaves behind."""
-  paths = [os.path.join(out_dir, s, "result.json") for s in STRATEGIES]
-  paths += [os.path.join(out_dir, "logs", f"{s}.log") for s in STRATEGIES]
+  """Modification times of what the runs leave behind."""
+  paths = [os.path.join(out_dir, s, f"seed_{seed}", "result.json")
+           for s in STRATEGIES for seed in (3, 4)]
+  paths.append(os.path.join(out_dir, "module_costs.json"))
   return {path: os.path.getmtime(path) for path in paths}
 
 
 def _check_results(out_dir):
   with open(os.path.join(out_dir, "results.json")) as f:
     results = json.load(f)
-  assert results["metric"] == "accuracy"
-  assert "--strategies=e2e,local" in results["command"]
+  assert results["metric"] == "accuracy" and results["seeds"] == [3, 4]
+  assert results["eval_split"] == "the whole evaluation split"
   assert set(results["strategies"]) == set(STRATEGIES)
   for name, row in results["strategies"].items():
-    assert row["steps"] >= 5 and row["median_step_s"] > 0, name
-    assert row["eval_every_steps"] == 5 and row["probe_step_s"] is None
-    assert set(row["eval"]) == {"final", "exit_1", "exit_2", "exit_3"}
-    seconds = [point["seconds"] for point in row["curve"]]
-    assert seconds == sorted(seconds) and 0 < seconds[0]
-    assert row["curve"][-1]["step"] == row["steps"]
-    assert row["curve"][-1]["value"] == row["eval"]["final"]["accuracy"]
-  assert results["strategies"]["e2e"]["speedup_vs_e2e"] == 1.0
-  assert results["strategies"]["local"]["speedup_vs_e2e"] > 0
+    runs = row["runs"]
+    assert [run["seed"] for run in runs] == [3, 4], name
+    # Two seeds are two different trainings.
+    assert runs[0]["eval"]["final"] != runs[1]["eval"]["final"], name
+    for run in runs:
+      assert [p["step"] for p in run["curve"]] == [10, 20], name
+      assert run["curve"][-1]["value"] == run["eval"]["final"]["accuracy"]
+      # The training clock excludes tracing and evaluation.
+      assert run["compile_s"] > 0 and run["eval_s"] > 0, name
+      assert run["curve"][-1]["seconds"] == run["training_s"]
+      assert run["eval_s"] == pytest.approx(
+          sum(p["eval_s"] for p in run["curve"]))
+      assert (run["training_s"] + run["compile_s"] + run["eval_s"] <=
+              run["wall_s"] + 1e-6), name
+      assert run["training_s"] == pytest.approx(
+          run["median_step_s"] * 20, rel=0.5), name
+    # The band: mean, min and max over the seeds, point by point.
+    for j, point in enumerate(row["curve"]):
+      values = [run["curve"][j]["value"] for run in runs]
+      assert point["mean"] == pytest.approx(sum(values) / 2)
+      assert (point["min"], point["max"]) == (min(values), max(values))
+    final = [run["eval"]["final"]["accuracy"] for run in runs]
+    assert row["final"]["final"]["accuracy"]["mean"] == pytest.approx(
+        sum(final) / 2)
+    assert row["predicted_step_s"]["one_core_per_module"] > 0
+    assert set(row["outcome"]) == {"measured", "predicted"}
+  e2e = results["strategies"]["e2e"]
+  assert e2e["speedup_vs_e2e"] == {"measured": 1.0, "model_here": 1.0,
+                                   "predicted": 1.0}
+  assert results["target"] == e2e["final"]["final"]["accuracy"]["mean"]
+  assert len(results["module_costs"]["costs"]) == 4
   return results
 
 
-def test_compare_writes_reports_and_reuses_finished_runs(tmp_path):
+def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
   out_dir = str(tmp_path / "compare")
-  common = ["--preset=synthetic_mlp", f"--out_dir={out_dir}",
-            "--budget_s=2", "--eval_every_steps=5"]
-  first = run_binary("train.compare", *common, "--strategies=e2e,local")
+  common = ["--preset=synthetic_mlp", f"--out_dir={out_dir}", "--seed=3",
+            "--train_steps=20", "--eval_points=2", "--seeds=2",
+            "--strategies=e2e,local", "--cost_repeats=2"]
+  plots = [] if HAS_MATPLOTLIB else ["--noplots"]
+  no_plotter = None if HAS_MATPLOTLIB else _start(
+      *common[:1], f"--out_dir={tmp_path / 'other'}", "--train_steps=20",
+      "--eval_points=2")
+  report_dir = tmp_path / "docs" / "study"
+  first = run_binary("train.compare", *common, *plots, "--jobs=2",
+                     f"--report_dir={report_dir}")
   assert "not rerun" not in first.stdout
   results = _check_results(out_dir)
+  assert _check_results(str(report_dir)) == results
+  assert sorted(os.listdir(report_dir)) == sorted(
+      ["report.md", "results.json"] + results["plots"])
   with open(os.path.join(out_dir, "report.md")) as f:
     report = f.read()
-  for name, row in results["strategies"].items():
-    assert f"| {name} | {row['steps']} |" in report
-  assert results["command"] in report
-  if importlib.util.find_spec("matplotlib"):
-    assert os.path.getsize(os.path.join(out_dir, "metric_vs_time.png")) > 0
+  assert results["command"] in report and "| e2e | 20 |" in report
+  assert "Runs overlapped (2 at a time)" in report
+  if HAS_MATPLOTLIB:
+    for name in results["plots"]:
+      with open(os.path.join(out_dir, name), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   else:
-    assert "matplotlib is not installed" in first.stdout
+    no_plotter.wait()
+    assert no_plotter.returncode == 1
+    assert "need matplotlib" in no_plotter.stderr.read()
 
   before = _mtimes(out_dir)
-  second = run_binary("train.compare", *common, "--strategies=e2e,local")
-  assert second.stdout.count("finished earlier, not rerun") == 2
+  rerun = _start(*common, *plots, "--jobs=2")
+  other = _start(*common[:3], "--train_steps=40", "--eval_points=2",
+                 "--strategies=e2e", "--noplots")
+  (stdout, _), (_, stderr) = rerun.communicate(), other.communicate()
+  assert rerun.returncode == 0
+  assert stdout.count("finished earlier, not rerun") == 4
+  assert _check_results(out_dir)["strategies"] == results["strategies"]
+  assert other.returncode == 1 and "use a new --out_dir" in stderr
   assert _mtimes(out_dir) == before
-  assert _check_results(out_dir) == results
 
-  other = run_binary("train.compare", *common[:-1], "--eval_every_steps=10",
-                     "--strategies=e2e", check=False)
-  assert other.returncode == 1 and "use a new --out_dir" in other.stderr
-  assert _mtimes(out_dir) == before
+
+def test_flags_compare_sets_or_cannot_space_evenly():
+  fields = {f.name: (False, None) for f in dataclasses.fields(config.Config)}
+  given = dict(fields, batch_size=(True, "64"), seed=(True, "3"))
+  assert study_lib.config_overrides(given) == {"batch_size": "64",
+                                               "seed": "3"}
+  with pytest.raises(ValueError, match=r"--eval_every_steps is set by "
+                     r"compare; use --eval_points. Received: "
+                     r"eval_every_steps='5'"):
+    study_lib.config_overrides(dict(fields, eval_every_steps=(True, "5")))
+  assert study_lib.eval_every_steps(600, 10, 10) == 60
+  for steps, points in ((20, 3), (600, 8)):  # a remainder; 75-step gaps
+    with pytest.raises(ValueError, match=f"--eval_points={points} must "
+                       f"divide --train_steps={steps}"):
+      study_lib.eval_every_steps(steps, points, 10)

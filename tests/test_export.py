@@ -202,7 +202,7 @@ def test_refuses_to_overwrite_a_non_empty_dir(tmp_path):
   path.mkdir()
   (path / "notes.txt").write_text("keep me")
   with pytest.raises(ValueError, match="Received: export_dir=") as info:
-    _mlp_export(path)
+    _mlp_export(path, owner="run-a")
   assert "\n" not in str(info.value)
   assert os.listdir(path) == ["notes.txt"]
   assert os.listdir(tmp_path) == ["export"]
@@ -215,13 +215,14 @@ def test_exports_into_an_existing_empty_dir(tmp_path):
   assert os.listdir(tmp_path) == ["export"]
 
 
-def test_overwrite_replaces_the_whole_dir(tmp_path):
+def test_an_export_of_the_same_owner_is_replaced_whole(tmp_path):
   path = tmp_path / "export"
-  _mlp_export(path, seed=0)
+  _mlp_export(path, seed=0, owner="run-a")
   (path / "stale.txt").write_text("from the old export")
-  _mlp_export(path, seed=1, overwrite=True)
+  _mlp_export(path, seed=1, owner="run-a")
   assert not (path / "stale.txt").exists()
   assert os.listdir(tmp_path) == ["export"]  # No temp or backup dir left.
+  assert export.read_marker(path)["owner"] == "run-a"
   x, _ = helpers.batch()
   reference = helpers.mlp_modules(2, seed=1)
   h = reference[0](x)[0]
@@ -231,9 +232,77 @@ def test_overwrite_replaces_the_whole_dir(tmp_path):
       reference[1](h), atol=1e-5)
 
 
+@pytest.mark.parametrize("first_owner, second_owner", [
+    ("run-a", "run-b"), ("run-a", None), (None, None), (None, "run-a")])
+def test_an_export_of_another_owner_is_kept(tmp_path, first_owner,
+                                            second_owner):
+  path = tmp_path / "export"
+  _mlp_export(path, owner=first_owner)
+  before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError, match="not an export of this run"):
+    _mlp_export(path, seed=1, owner=second_owner)
+  assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+  assert os.listdir(tmp_path) == ["export"]
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.write_text("x"), "is a file"),
+    (lambda p: (p.parent / "blocker").write_text("x"), "under the file")])
+def test_a_file_in_the_way_is_one_line(tmp_path, make, words):
+  path = tmp_path / "export"
+  make(path)
+  target = tmp_path / "blocker" / "export" if words == "under the file" else (
+      path)
+  with pytest.raises(ValueError, match=words) as info:
+    _mlp_export(target)
+  assert "\n" not in str(info.value)
+
+
+def test_leftovers_of_a_killed_export_are_removed_only_if_ours(tmp_path):
+  path = tmp_path / "export"
+  _mlp_export(path, owner="run-a")
+  ours = tmp_path / ".export.tmp-deadbeef"  # killed mid-write: marker first
+  shutil.copytree(path, ours)
+  (ours / "variables").rename(tmp_path / "scratch")
+  empty = tmp_path / ".export.old-0badc0de"  # killed before anything
+  empty.mkdir()
+  theirs = tmp_path / ".export.tmp-feedface"  # same pattern, not ours
+  theirs.mkdir()
+  (theirs / "user.txt").write_text("keep")
+  _mlp_export(path, seed=1, owner="run-a")
+  assert sorted(os.listdir(tmp_path)) == [".export.tmp-feedface", "export",
+                                          "scratch"]
+  assert (theirs / "user.txt").read_text() == "keep"
+
+
+def test_export_and_load_on_the_ram_filesystem(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  path = "ram://export_test/a/export"
+  _mlp_export(path, owner="run-r")
+  _mlp_export(path, seed=1, owner="run-r")  # replace: copy, not rename
+  assert sorted(tf.io.gfile.listdir("ram://export_test/a")) == ["export"]
+  loaded = export.load_exported(path)
+  assert export.read_marker(path)["owner"] == "run-r"
+  x, _ = helpers.batch()
+  reference = helpers.mlp_modules(2, seed=1)
+  np.testing.assert_allclose(
+      loaded.signatures["serving_default"](inputs=x)["logits"],
+      reference[1](reference[0](x)[0]), atol=1e-5)
+  assert os.listdir(tmp_path) == []
+
+
+def test_truncated_variables_give_a_one_line_error(tmp_path):
+  _mlp_export(tmp_path / "export")
+  data = next((tmp_path / "export" / "variables").glob("variables.data-*"))
+  data.write_bytes(data.read_bytes()[:20])
+  with pytest.raises(ValueError, match="damaged or truncated") as info:
+    export.load_exported(tmp_path / "export")
+  assert "\n" not in str(info.value)
+
+
 def test_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
   path = tmp_path / "export"
-  _mlp_export(path)
+  _mlp_export(path, owner="run-a")
   before = (path / "saved_model.pb").read_bytes()
 
   def failing_save(obj, export_dir, signatures=None):
@@ -244,13 +313,14 @@ def test_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
 
   monkeypatch.setattr(tf.saved_model, "save", failing_save)
   with pytest.raises(OSError, match="disk full"):
-    _mlp_export(path, overwrite=True)
+    _mlp_export(path, owner="run-a")
   assert (path / "saved_model.pb").read_bytes() == before
   assert os.listdir(tmp_path) == ["export"]
 
 
 @pytest.mark.parametrize("remove, missing", [
     ("variables", "variables/variables.index"),
+    ("variables/variables.data-00000-of-00001", "variables.data-*"),
     ("saved_model.pb", "saved_model.pb")])
 def test_incomplete_export_gives_a_one_line_error(tmp_path, remove, missing):
   _mlp_export(tmp_path / "export")

@@ -1,10 +1,19 @@
 """Faults through the real binaries: bad flags, preemption, NaNs, corrupt
-checkpoints, broken exports and truncated data."""
+checkpoints, broken exports, truncated data, and the data-safety refusals
+(export targets, checkpoint pointers, the run lock, bad paths).
+
+A refusal case builds a directory tree, runs one binary that must refuse,
+and checks: exit code 1, exactly one "error:" line holding the expected
+words (the flag or file at fault), no traceback, and every file of the tree
+byte for byte unchanged (nothing added, nothing removed)."""
 
 import dataclasses
+import hashlib
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -119,20 +128,28 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-def test_sigterm_saves_a_checkpoint(tmp_path):
-  model_dir = str(tmp_path / "run")
-  proc = _start("train.train", *SYNTH, "--train_steps=100000",
-                "--checkpoint_every_steps=100000", f"--model_dir={model_dir}")
-  for line in proc.stdout:
-    if line.startswith("step 25/"):
-      proc.send_signal(signal.SIGTERM)
-      break
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode != 0 and "SIGTERM at step" in err
-  step = int(err.split("SIGTERM at step ")[1].split(":")[0])
-  assert step >= 25
-  latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-  assert latest.endswith(f"ckpt-{step}")
+def test_sigterm_and_sigint_save_a_checkpoint(tmp_path):
+  procs = {}
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    model_dir = str(tmp_path / signum.name)
+    procs[signum] = model_dir, _start(
+        "train.train", *SYNTH, "--train_steps=100000",
+        "--checkpoint_every_steps=100000", f"--model_dir={model_dir}")
+  for signum, (model_dir, proc) in procs.items():
+    for line in proc.stdout:
+      if line.startswith("step 25/"):
+        proc.send_signal(signum)
+        break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{signum.name} at step" in lines[0], err
+    step = int(err.split(f"{signum.name} at step ")[1].split(":")[0])
+    assert step >= 25
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir,
+                                                     "checkpoints"))
+    assert latest.endswith(f"ckpt-{step}")
+    assert not os.path.exists(os.path.join(model_dir, "lock.json"))
 
 
 def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path):
@@ -213,3 +230,164 @@ def test_flag_types_parse():
   assert parse(fields["time_budget_s"], "1.5") == 1.5
   with pytest.raises(ValueError, match="Received: deterministic='yes'"):
     parse(fields["deterministic"], "yes")
+
+
+PARALLEL = 4
+
+
+def _tree(root):
+  """{relative path: sha256} of every file under root (dirs as None)."""
+  found = {}
+  for top, dirs, files in os.walk(root):
+    for name in dirs:
+      found[os.path.relpath(os.path.join(top, name), root)] = None
+    for name in files:
+      path = os.path.join(top, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, root)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return found
+
+
+def _user_dir(case):
+  os.makedirs(case / "user")
+  (case / "user" / "notes.txt").write_text("mine")
+  return case / "user"
+
+
+def _write(path, data):
+  path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+
+
+def _truncate(path):
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _ckpt_data(run):
+  return next((run / "checkpoints").glob("ckpt-10.data-*"))
+
+
+def _lock(run):
+  now = time.time()
+  (run / "lock.json").write_text(json.dumps({
+      "host": socket.gethostname(), "pid": os.getpid(), "started": now,
+      "updated": now, "token": "test"}))
+
+
+# (name, binary, setup(case, run) -> None, flags(case, run), words).
+# `run` is a copy of a trained 10-step run inside `case`.
+CASES = [
+    ("export_dir holds user files", "train.train",
+     lambda c, r: _user_dir(c), lambda c, r: [f"--export_dir={c}/user"],
+     ["--export_dir=", "/user", "not an export of this run"]),
+    ("export_dir is model_dir", "train.train", None,
+     lambda c, r: [f"--export_dir={r}"],
+     ["--export_dir=", "would replace the run directory"]),
+    ("export_dir above model_dir", "train.train", None,
+     lambda c, r: [f"--export_dir={c}"],
+     ["--export_dir=", "would replace the run directory"]),
+    ("export_dir in checkpoints", "train.train", None,
+     lambda c, r: [f"--export_dir={r}/checkpoints/export"],
+     ["--export_dir=", "lies in the run's checkpoints"]),
+    ("export_dir under a file", "train.train",
+     lambda c, r: _user_dir(c),
+     lambda c, r: [f"--export_dir={c}/user/notes.txt/export"],
+     ["--export_dir=", "lies under the file", "notes.txt"]),
+    ("model_dir/export holds user files", "train.train",
+     lambda c, r: (shutil.rmtree(r / "export"), _user_dir(r),
+                   os.rename(r / "user", r / "export")), lambda c, r: [],
+     ["--export_dir=", "/run/export", "not an export of this run"]),
+    ("train.export onto model_dir", "train.export", None,
+     lambda c, r: [f"--export_dir={r}"],
+     ["--export_dir=", "would replace the run directory"]),
+    ("train.export onto a file", "train.export",
+     lambda c, r: _user_dir(c),
+     lambda c, r: [f"--export_dir={c}/user/notes.txt"],
+     ["--export_dir=", "notes.txt is a file"]),
+    ("pointer holds text garbage", "train.train",
+     lambda c, r: _write(r / "checkpoints" / "checkpoint", "garbage"),
+     lambda c, r: [], ["checkpoints/checkpoint is unreadable",
+                       "--resume_from=ckpt-10"]),
+    ("pointer holds binary garbage", "train.train",
+     lambda c, r: _write(r / "checkpoints" / "checkpoint", b"\xff\xfe\x00"),
+     lambda c, r: [], ["checkpoints/checkpoint is unreadable",
+                       "--resume_from=ckpt-10"]),
+    ("pointer deleted", "train.train",
+     lambda c, r: os.remove(r / "checkpoints" / "checkpoint"),
+     lambda c, r: [], ["checkpoints/checkpoint is missing",
+                       "--resume_from=ckpt-10"]),
+    ("resume_from names no checkpoint", "train.train", None,
+     lambda c, r: ["--resume_from=ckpt-99"],
+     ["--resume_from=ckpt-99", "complete ones: ['ckpt-10']"]),
+    ("train.export with a bad pointer", "train.export",
+     lambda c, r: _write(r / "checkpoints" / "checkpoint", "garbage"),
+     lambda c, r: [], ["checkpoints/checkpoint is unreadable",
+                       "--checkpoint=ckpt-10"]),
+    ("another run holds the lock", "train.train", lambda c, r: _lock(r),
+     lambda c, r: [], [f"in use by pid {os.getpid()}", "lock.json",
+                       "--break_lock=true"]),
+    ("model_dir is a file", "train.train",
+     lambda c, r: _user_dir(c), lambda c, r: [
+         f"--model_dir={c}/user/notes.txt"],
+     ["--model_dir=", "notes.txt is a file"]),
+    ("model_dir under a file", "train.train",
+     lambda c, r: _user_dir(c), lambda c, r: [
+         f"--model_dir={c}/user/notes.txt/run"],
+     ["--model_dir=", "lies under the file", "notes.txt"]),
+    ("checkpoints is a file", "train.train",
+     lambda c, r: (shutil.rmtree(r / "checkpoints"),
+                   _write(r / "checkpoints", "x")), lambda c, r: [],
+     ["checkpoints should be a directory"]),
+    ("resume with another batch size", "train.train", None,
+     lambda c, r: ["--batch_size=16"],
+     ["batch_size=32", "--batch_size=32", "Received: batch_size=16"]),
+    ("garbage config.json", "train.train",
+     lambda c, r: _write(r / "config.json", "{not json"), lambda c, r: [],
+     ["config.json is not a readable JSON object"]),
+    ("train.export from a truncated checkpoint", "train.export",
+     lambda c, r: _truncate(_ckpt_data(r)), lambda c, r: [],
+     ["cannot restore checkpoint", "ckpt-10"]),
+    ("evaluate: variables data truncated", "train.evaluate",
+     lambda c, r: _truncate(next((r / "export" / "variables").glob(
+         "variables.data-*"))), lambda c, r: [f"--saved_model={r}/export"],
+     ["damaged or truncated", "/run/export"]),
+    ("evaluate: variables data missing", "train.evaluate",
+     lambda c, r: os.remove(next((r / "export" / "variables").glob(
+         "variables.data-*"))), lambda c, r: [f"--model_dir={r}"],
+     ["missing variables/variables.data-*", "/run/export"]),
+]
+
+
+def test_refusals_change_nothing(trained, tmp_path):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  started = []
+  for i, (name, binary, setup, flags, words) in enumerate(CASES):
+    case = tmp_path / f"case{i}"
+    run = case / "run"
+    shutil.copytree(trained, run)
+    if setup:
+      setup(case, run)
+    before = _tree(case)
+    args = flags(case, run)
+    if binary == "train.train":
+      args = SYNTH + ["--train_steps=20"] + (
+          [] if any(a.startswith("--model_dir") for a in args) else
+          [f"--model_dir={run}"]) + args
+    elif not any(a.startswith(("--model_dir", "--saved_model"))
+                 for a in args) or binary == "train.export":
+      args = [f"--model_dir={run}"] + args
+    if len(started) >= PARALLEL:  # a few TF processes at a time
+      started[-PARALLEL][-1].wait(timeout=300)
+    started.append((name, words, case, before, subprocess.Popen(
+        [sys.executable, "-m", binary, *args], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+  for name, words, case, before, proc in started:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, (name, err)
+    assert "Traceback" not in err, (name, err)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, (name, err)
+    for word in words:
+      assert word in errors[0], (name, word, errors[0])
+    assert _tree(case) == before, name

@@ -84,7 +84,9 @@ def test_e2e_heads_are_probes():
 
 
 def test_missing_aux_head_rejected():
-  with pytest.raises(ValueError, match="module 1 has no aux head"):
+  with pytest.raises(ValueError, match=(
+      r"loss of module 2 to train module 1 \(modules counted from 1\), but "
+      r"module 2 has no aux head")):
     routing.make_plan("2wise", 3, has_aux=[True, False, False])
   # e2e needs no aux heads at all.
   routing.make_plan("e2e", 3, has_aux=[False, False, False])

@@ -28,7 +28,9 @@ def test_train_resume_export_evaluate(tmp_path):
             "--eval_every_steps=10"]
   first = run_binary("train.train", *common, "--train_steps=10")
   assert "step 10/10" in first.stdout
-  assert not os.path.exists(os.path.join(model_dir, "export", "tmp"))
+  # The export was moved into place: no temporary sibling is left.
+  assert sorted(os.listdir(model_dir)) == [
+      "checkpoints", "config.json", "eval", "export", "run.json", "train"]
   second = run_binary("train.train", *common, "--train_steps=20")
   assert "resumed from" in second.stdout and "at step 10" in second.stdout
   assert "step 15/20" in second.stdout and "step 5/20" not in second.stdout
@@ -50,10 +52,13 @@ def test_train_resume_export_evaluate(tmp_path):
   export_dir = str(tmp_path / "exported")
   run_binary("train.export", f"--model_dir={model_dir}",
              f"--export_dir={export_dir}")
-  evaluated = run_binary("train.evaluate", f"--saved_model={export_dir}",
-                         "--preset=synthetic_mlp")
-  result = json.loads(evaluated.stdout.strip().splitlines()[-1])
-  assert set(result) == {"final", "exit_1", "exit_2", "exit_3"}
-  for head, metrics in result.items():
-    assert abs(metrics["accuracy"] - summary["eval"][head]["accuracy"]) < 1e-6
-    assert metrics["num_examples"] == 64  # eval_batches=2 of 32
+  # The run's configuration comes from config.json or the export's marker:
+  # no --preset.
+  for flags in ([f"--saved_model={export_dir}"], [f"--model_dir={model_dir}"]):
+    evaluated = run_binary("train.evaluate", *flags)
+    result = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert set(result) == {"final", "exit_1", "exit_2", "exit_3"}
+    for head, metrics in result.items():
+      assert abs(metrics["accuracy"] - summary["eval"][head]["accuracy"]) < (
+          1e-6)
+      assert metrics["num_examples"] == 64  # eval_batches=2 of 32

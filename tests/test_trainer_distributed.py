@@ -112,12 +112,14 @@ def test_mismatched_optimizers():
 
 def test_optimizer_outside_scope_rejected(mirrored):
   outside = [keras.optimizers.SGD() for _ in range(K)]
-  with pytest.raises(ValueError, match="outside distribute.scope"):
+  with pytest.raises(ValueError, match="module 1 was created outside "
+                     "distribute.scope"):
     InterlockTrainer(helpers.mlp_modules(K), outside, distribute=mirrored)
 
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"strategy": "0wise"}, "Received: strategy='0wise'"),
+    ({"strategy": "2-wise"}, "did you mean '2wise'"),
     ({"strategy": 0}, "Received: window=0"),
     ({"strategy": "2wise", "variant": "avg"}, "Received: variant='avg'"),
     ({"steps_per_loop": 0}, "Received: steps_per_loop=0"),

@@ -22,18 +22,51 @@ with one module per device the runtime's dataflow lets early modules start
 step t+1 while later ones still work on step t. Losses are averaged over the
 global batch (`tf.nn.compute_average_loss`) so that the optimizers' sum
 all-reduce across replicas gives the global-batch gradient.
-"""
 
-import contextlib
+Loss scaling (float16). Module k may carry a loss scale S_k (its
+`LossScaleOptimizer`'s dynamic scale). Every quantity module k computes is
+then S_k times the true one: its own loss is differentiated as S_k L_k, and a
+stream arriving from module k+1, computed at scale S_{k+1}, is first
+rescaled by S_k / S_{k+1} (in float32; dynamic scales are powers of two, so
+this is exact unless it over- or underflows). By linearity of the VJPs,
+
+  S_k dL/dtheta_k = VJP_theta_k(sum over streams s of S_k dL_s/dh_k),
+
+so theta_k's and phi_k's gradients are exactly S_k times the unscaled ones
+and module k's optimizer divides them by S_k; the input VJPs module k sends
+to module k-1 are at scale S_k, and the stream keeps one scale per module
+boundary. A non-finite value produced by module k (in its weight gradients
+or in a cotangent it sends back) means S_k is too large: module k's
+gradients are then made non-finite, so that its `LossScaleOptimizer` skips
+the update and halves S_k, while every other module keeps its own scale and
+its own step. No scale is shared between modules, so loss scaling adds no
+dependency between them.
+"""
 
 import tensorflow as tf
 
+from tf_interlock import metric_names
+from tf_interlock import placement as placement_lib
 from tf_interlock import routing
 
 
 def _zeros_like_none(grads, variables):
   return [tf.zeros_like(v) if g is None else g
           for g, v in zip(grads, variables)]
+
+
+def _poison_unless_finite(grads, sent):
+  """NaN in grads[0] unless every gradient and every sent cotangent is finite.
+
+  A `LossScaleOptimizer` checks only the gradients it applies; folding the
+  cotangents module k sends back into that check makes an overflow inside
+  module k lower module k's own scale (see the module docstring).
+  """
+  checks = [tf.reduce_all(tf.math.is_finite(t)) for t in grads + sent]
+  finite = tf.reduce_all(tf.stack(checks))
+  first = grads[0]
+  grads[0] = tf.where(finite, first, tf.constant(float("nan"), first.dtype))
+  return grads
 
 
 class InterlockStep:
@@ -45,8 +78,8 @@ class InterlockStep:
     loss_fn: `loss_fn(labels, logits) -> per-example loss [batch]`.
     metric_fn: optional `metric_fn(labels, logits) -> per-example score
       [batch]` (e.g. 0/1 correctness), averaged like the loss.
-    placement: optional object with `scope(k)`, the device context of module
-      k's ops (see `tf_interlock.placement`).
+    placement: a `placement.Placement`; defaults to "single" (no device
+      scopes).
   """
 
   def __init__(self, modules, plan, loss_fn, metric_fn=None, placement=None):
@@ -54,34 +87,29 @@ class InterlockStep:
     self.plan = plan
     self.loss_fn = loss_fn
     self.metric_fn = metric_fn
-    self.placement = placement
+    self.placement = placement or placement_lib.Placement("single")
 
-  def scope(self, k):
-    if self.placement is None:
-      return contextlib.nullcontext()
-    return self.placement.scope(k)
-
-  def annotate(self, tensor, k):
-    """Pins a tensor to module k's core where the placement needs it."""
-    if self.placement is None:
-      return tensor
-    return self.placement.annotate(tensor, k)
-
-  def _average(self, per_example, global_batch_size):
+  def _average(self, per_example, global_batch_size, what):
     per_example = tf.cast(per_example, tf.float32)
+    if per_example.shape.rank == 0:
+      raise ValueError(
+          f"{what} must return one value per example (shape [batch]), not a "
+          f"batch mean: the engine averages over the global batch itself. "
+          f"Received: {what} output shape=()")
     return tf.nn.compute_average_loss(
         per_example, global_batch_size=global_batch_size)
 
   def _own_loss(self, k, logits, labels, global_batch_size, metrics):
     """L_k averaged over the global batch; records loss and metric."""
-    loss = self._average(self.loss_fn(labels, logits), global_batch_size)
-    metrics[f"module_{k + 1}/loss"] = loss
+    loss = self._average(self.loss_fn(labels, logits), global_batch_size,
+                         "loss_fn")
+    metrics[metric_names.metric_name(k, "loss")] = loss
     if self.metric_fn is not None:
-      metrics[f"module_{k + 1}/accuracy"] = self._average(
-          self.metric_fn(labels, logits), global_batch_size)
+      metrics[metric_names.metric_name(k, "accuracy")] = self._average(
+          self.metric_fn(labels, logits), global_batch_size, "metric_fn")
     return loss
 
-  def gradients(self, features, labels, global_batch_size):
+  def gradients(self, features, labels, global_batch_size, scales=None):
     """Runs forward and routed backward for one batch on one replica.
 
     Args:
@@ -89,37 +117,43 @@ class InterlockStep:
       labels: the targets, passed to `loss_fn`.
       global_batch_size: the batch size across all replicas (and
         microbatches) that losses are averaged over.
+      scales: optional per-module loss scales S_k (float32 scalars, None
+        for 1); None when no module scales its loss.
 
     Returns:
       `(grads, metrics)`: grads[k] is a list aligned with
-      `modules[k].trainable_variables` (theta_k then phi_k); metrics maps
-      "module_{k}/loss" (1-based) etc. to this replica's contribution.
+      `modules[k].trainable_variables` (theta_k then phi_k), multiplied by
+      S_k; metrics maps "module_{k}/loss" (1-based, `metric_names`) etc. to
+      this replica's contribution (unscaled).
     """
     num_modules = len(self.modules)
-    plan = self.plan
+    plan, place = self.plan, self.placement
     tapes, inputs, outputs, own_cot, aux_grads = [], [], [], [], []
     reg_losses, metrics = [], {}
     h = features
     for k, module in enumerate(self.modules):
-      with self.scope(k):
+      scale = None if scales is None else scales[k]
+      with place.scope(k):
         x = tf.stop_gradient(h)
         # The tape watches the variables the body reads (theta_k) and, to
         # produce input VJPs, the cut input x_k.
         with tf.GradientTape(persistent=True) as tape:
           if k > 0:
             tape.watch(x)
-          h = self.annotate(module.body(x, training=True), k)
+          h = place.annotate(module.body(x, training=True), k)
           reg = (tf.nn.scale_regularization_loss(tf.add_n(module.body.losses))
                  if module.body.losses else None)
           if k == num_modules - 1:
             tape.watch(h)
-            loss = self._own_loss(k, h, labels, global_batch_size, metrics)
+            loss = _scaled(self._own_loss(k, h, labels, global_batch_size,
+                                          metrics), scale)
         cot, phi_grads = None, []
         if k == num_modules - 1:
           cot = tape.gradient(loss, h)
         elif module.has_aux_head:
           cot, phi_grads = self._aux_backward(k, module, h, labels,
-                                              global_batch_size, metrics)
+                                              global_batch_size, metrics,
+                                              scale)
       tapes.append(tape)
       inputs.append(x)
       outputs.append(h)
@@ -131,8 +165,11 @@ class InterlockStep:
     incoming = {}
     for k in reversed(range(num_modules)):
       module, tape, h = self.modules[k], tapes[k], outputs[k]
-      with self.scope(k):
+      with place.scope(k):
         streams = dict(incoming)
+        if scales is not None and k + 1 < num_modules:
+          streams = {key: _rescale(value, scales[k], scales[k + 1])
+                     for key, value in streams.items()}
         lo = plan.loss_low[k]
         if lo is not None:
           streams[lo] = (own_cot[k] if lo not in streams
@@ -143,7 +180,8 @@ class InterlockStep:
         targets, target_cots = [h], [cot]
         if reg_losses[k] is not None:
           targets.append(reg_losses[k])
-          target_cots.append(tf.ones_like(reg_losses[k]))
+          target_cots.append(_scaled(tf.ones_like(reg_losses[k]),
+                                     None if scales is None else scales[k]))
         # When the one stream that trains theta_k also goes on to module
         # k - 1 (always so end to end), one backward pass gives both the
         # weight and the input VJP and shares the work through the body.
@@ -151,17 +189,21 @@ class InterlockStep:
         sources = body_vars + ([inputs[k]] if fused else [])
         got = tape.gradient(targets, sources, output_gradients=target_cots)
         theta_grads = _zeros_like_none(got[:len(body_vars)], body_vars)
-        incoming = {weight_keys[0]: self.annotate(got[-1], k)} if fused else {}
+        incoming = {weight_keys[0]: place.annotate(got[-1], k)} if fused else {}
         for key in plan.vjp_keys[k]:
           if key not in incoming:
-            incoming[key] = self.annotate(tape.gradient(
+            incoming[key] = place.annotate(tape.gradient(
                 h, inputs[k], output_gradients=streams[key]), k)
-      grads[k] = theta_grads + aux_grads[k]
+        grads[k] = theta_grads + aux_grads[k]
+        if scales is not None and scales[k] is not None:
+          grads[k] = _poison_unless_finite(grads[k], list(incoming.values()))
     del tapes
     return grads, metrics
 
-  def _aux_backward(self, k, module, h, labels, global_batch_size, metrics):
-    """dL_k/dphi_k, plus the cotangent dL_k/dh_k when L_k trains theta."""
+  def _aux_backward(self, k, module, h, labels, global_batch_size, metrics,
+                    scale):
+    """S_k dL_k/dphi_k, plus the cotangent S_k dL_k/dh_k when L_k trains
+    theta."""
     phi = module.aux_head.trainable_variables
     starts_stream = self.plan.loss_low[k] is not None
     with tf.GradientTape() as tape:
@@ -171,11 +213,30 @@ class InterlockStep:
       # reads a detached h_k: a probe that can never reach theta.
       logits = module.aux_head(h if starts_stream else tf.stop_gradient(h),
                                training=True)
-      loss = self._own_loss(k, logits, labels, global_batch_size, metrics)
+      loss = _scaled(self._own_loss(k, logits, labels, global_batch_size,
+                                    metrics), scale)
     if starts_stream:
       grads = tape.gradient(loss, phi + [h])
       return grads[-1], _zeros_like_none(grads[:-1], phi)
     return None, _zeros_like_none(tape.gradient(loss, phi), phi)
+
+
+def _scaled(value, scale):
+  """S * value (float32 S), or value itself when there is no scale."""
+  if scale is None:
+    return value
+  return value * tf.cast(scale, value.dtype)
+
+
+def _rescale(cotangent, to_scale, from_scale):
+  """A cotangent at scale `from_scale` re-expressed at scale `to_scale`.
+
+  The ratio is applied in float32: S_k / S_{k+1} may exceed float16's range
+  although the rescaled cotangent does not.
+  """
+  ratio = tf.cast(1.0 if to_scale is None else to_scale, tf.float32) / (
+      tf.cast(1.0 if from_scale is None else from_scale, tf.float32))
+  return tf.cast(tf.cast(cotangent, tf.float32) * ratio, cotangent.dtype)
 
 
 def make_plan_for(modules, strategy):

@@ -17,19 +17,28 @@ Layers add StopGradients of their own: `tf.nn.moments`, behind Keras'
 LayerNormalization, cuts the gradient through the mean it subtracts. In the
 forward pass a StopGradient is an identity, so the export rewrites every one
 into an `Identity` op, which has the same input, output and attribute.
+
+Never lose what we did not write: each export carries a marker file,
+`interlock_export.json`, naming its owner (a training run's id). An existing
+`export_dir` is replaced only when it is empty or its marker names the same
+owner; anything else is refused. Every file operation goes through
+`tf.io.gfile`, so `export_dir` may be local or a URL (gs://, ram://).
 """
 
+import json
 import os
-import shutil
-import tempfile
+import uuid
 
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.saved_model import fingerprinting_utils
 
+from tf_interlock import paths
+
 SERVING_KEY = "serving_default"
 _EXIT_PREFIX = "exit_"
 _INPUT_NAME = "inputs"
+MARKER = "interlock_export.json"
 
 
 def exit_indices(modules):
@@ -98,58 +107,141 @@ def _signatures(modules, input_spec):
 
 def _stop_gradients_to_identities(saved_model_dir):
   """Rewrites every StopGradient op of a SavedModel into an Identity op."""
-  path = os.path.join(saved_model_dir, "saved_model.pb")
+  path = paths.join(saved_model_dir, "saved_model.pb")
   proto = saved_model_pb2.SavedModel()
-  with open(path, "rb") as f:
+  with tf.io.gfile.GFile(path, "rb") as f:
     proto.ParseFromString(f.read())
   for meta_graph in proto.meta_graphs:
     for node in _nodes(meta_graph.graph_def):
       if node.op == "StopGradient":
         node.op = "Identity"
-  with open(path, "wb") as f:
+  # Removed first: some file systems (TF's ram://) append on "w".
+  tf.io.gfile.remove(path)
+  with tf.io.gfile.GFile(path, "wb") as f:
     f.write(proto.SerializeToString())
   # fingerprint.pb holds a hash of saved_model.pb: recompute it, so that it
   # describes the rewritten graph.
+  fingerprint = paths.join(saved_model_dir, "fingerprint.pb")
+  if tf.io.gfile.exists(fingerprint):
+    tf.io.gfile.remove(fingerprint)
   fingerprinting_utils.write_fingerprint(saved_model_dir)
 
 
-def _replace_dir(new_dir, export_dir):
+def read_marker(export_dir):
+  """The marker of an export: {"owner": ..., ...}, or None if absent/bad."""
+  path = paths.join(os.fspath(export_dir), MARKER)
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      marker = json.loads(f.read().decode("utf-8"))
+  except (tf.errors.OpError, ValueError):
+    return None
+  return marker if isinstance(marker, dict) else None
+
+
+def _owned(directory, owner):
+  """True if `directory` holds a marker naming `owner` (a non-None id)."""
+  marker = read_marker(directory)
+  return (owner is not None and marker is not None and
+          marker.get("owner") == owner)
+
+
+def check_export_target(export_dir, owner=None, name="export_dir"):
+  """Raises unless an export may write `export_dir`; writes nothing.
+
+  Allowed: a path that does not exist (its parents are created), an empty
+  directory, or an earlier export whose marker names `owner`.
+
+  Args:
+    export_dir: the target path.
+    owner: the id of the run exporting (None: nothing is replaceable).
+    name: how errors name the target, e.g. "--export_dir".
+
+  Raises:
+    ValueError: naming the path and what is wrong with it.
+  """
+  export_dir = paths.normalize(export_dir)
+  received = f"Received: {name.lstrip('-')}={export_dir!r}"
+  blocker = paths.file_above(export_dir)
+  if blocker == export_dir:
+    raise ValueError(f"{name}={export_dir} is a file, not a directory; pick "
+                     f"a new directory. {received}")
+  if blocker is not None:
+    raise ValueError(f"{name}={export_dir} lies under the file {blocker}; "
+                     f"pick a directory path. {received}")
+  if not tf.io.gfile.exists(export_dir):
+    return
+  if tf.io.gfile.listdir(export_dir) and not _owned(export_dir, owner):
+    raise ValueError(
+        f"{name}={export_dir} holds files that are not an export of this "
+        f"run (no {MARKER} naming it); nothing was changed: move them away "
+        f"or pick another directory. {received}")
+
+
+def _siblings(export_dir, kind):
+  """Temporary siblings of `export_dir` of one kind ("tmp" or "old")."""
+  prefix = f".{paths.basename(export_dir)}.{kind}-"
+  parent = paths.parent(export_dir)
+  return [paths.join(parent, entry.rstrip("/"))
+          for entry in tf.io.gfile.listdir(parent)
+          if entry.startswith(prefix)]
+
+
+def _remove_stale(export_dir, owner):
+  """Deletes what an export of `owner` killed midway left next to the target.
+
+  Only our own names (`.<name>.tmp-*`, `.<name>.old-*`) that are empty or
+  carry `owner`'s marker; anything else stays.
+  """
+  for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
+    if tf.io.gfile.isdir(path) and (
+        not tf.io.gfile.listdir(path) or _owned(path, owner)):
+      tf.io.gfile.rmtree(path)
+
+
+def _replace_dir(new_dir, export_dir, old_dir):
   """Moves `new_dir` to `export_dir`, swapping out any existing directory.
 
   `export_dir` only ever holds a complete export, old or new (between the
-  two renames it briefly does not exist); the old one is deleted only once
+  two moves it briefly does not exist); the old one is deleted only once
   the new one is in place, and put back if that fails.
   """
-  if not os.path.exists(export_dir):
-    os.rename(new_dir, export_dir)
+  if tf.io.gfile.exists(export_dir) and not tf.io.gfile.listdir(export_dir):
+    tf.io.gfile.rmtree(export_dir)  # empty: nothing to keep
+  if not tf.io.gfile.exists(export_dir):
+    paths.move_dir(new_dir, export_dir, last=MARKER)
     return
-  old_dir = new_dir + ".old"
-  os.rename(export_dir, old_dir)
+  paths.move_dir(export_dir, old_dir, last=MARKER)
   try:
-    os.rename(new_dir, export_dir)
-  except OSError:
-    os.rename(old_dir, export_dir)
+    paths.move_dir(new_dir, export_dir, last=MARKER)
+  except (OSError, tf.errors.OpError):
+    paths.move_dir(old_dir, export_dir, last=MARKER)
     raise
-  shutil.rmtree(old_dir)
+  tf.io.gfile.rmtree(old_dir)
 
 
-def export_saved_model(modules, input_spec, export_dir, *, overwrite=False):
+def export_saved_model(modules, input_spec, export_dir, *, owner=None,
+                       metadata=None):
   """Writes the modules as a SavedModel with one signature per exit.
 
   The SavedModel is first written to a temporary directory next to
-  `export_dir`, then renamed into place, so an interrupted export never
-  leaves a half-written `export_dir` behind.
+  `export_dir` (`.<name>.tmp-<id>`, holding the marker from the start), then
+  moved into place, so an interrupted export never leaves a half-written
+  `export_dir` behind; the next export of the same owner deletes such
+  leftovers.
 
   Args:
     modules: the K built `InterlockModule`s, in depth order.
     input_spec: `tf.TensorSpec` of the network input, batch axis included
       (usually None), e.g. `tf.TensorSpec([None, 32, 32, 3], tf.float32)`.
-    export_dir: directory to create.
-    overwrite: replace an existing non-empty `export_dir`; otherwise that is
-      an error.
+    export_dir: directory to create (local path or URL).
+    owner: an id (e.g. a training run's) written into the marker; an
+      existing export is replaced only if its marker names the same owner.
+      None: only a missing or empty `export_dir` is written.
+    metadata: JSON-serializable dict stored in the marker (e.g. the run's
+      model_dir and config), read back by `read_marker`.
 
   Returns:
-    The absolute path of the export.
+    The normalized path of the export.
   """
   modules = list(modules)
   if not modules:
@@ -158,30 +250,34 @@ def export_saved_model(modules, input_spec, export_dir, *, overwrite=False):
   if not isinstance(input_spec, tf.TensorSpec):
     raise TypeError(f"input_spec must be a tf.TensorSpec. Received: "
                     f"input_spec={input_spec!r}")
-  export_dir = os.path.abspath(os.fspath(export_dir))
-  if os.path.exists(export_dir) and not (
-      os.path.isdir(export_dir) and (overwrite or not os.listdir(export_dir))):
-    raise ValueError(
-        f"{export_dir} exists and is not an empty directory; pass "
-        f"overwrite=True to replace it. Received: export_dir={export_dir!r}")
+  export_dir = paths.normalize(export_dir)
+  check_export_target(export_dir, owner)
   root = tf.Module(name="interlock_export")
   # Named attributes, not a list: Keras 3 layers in a Python list attribute
   # of a tf.Module are not tracked, and their variables would not be saved.
   for k, module in enumerate(modules, start=1):
     setattr(root, f"module_{k}", module)
   signatures = _signatures(modules, input_spec)
-  parent = os.path.dirname(export_dir)
-  os.makedirs(parent, exist_ok=True)
+  tf.io.gfile.makedirs(paths.parent(export_dir))
+  if owner is not None:
+    _remove_stale(export_dir, owner)
   # Same parent, so the final rename stays on one file system (atomic).
-  new_dir = tempfile.mkdtemp(
-      prefix=f".{os.path.basename(export_dir)}.tmp-", dir=parent)
+  token = uuid.uuid4().hex[:12]
+  new_dir, old_dir = (
+      paths.join(paths.parent(export_dir),
+                 f".{paths.basename(export_dir)}.{kind}-{token}")
+      for kind in ("tmp", "old"))
+  tf.io.gfile.makedirs(new_dir)
   try:
+    with tf.io.gfile.GFile(paths.join(new_dir, MARKER), "w") as f:
+      f.write(json.dumps({"owner": owner, **(metadata or {})}, indent=2,
+                         sort_keys=True))
     tf.saved_model.save(root, new_dir, signatures=signatures)
     _stop_gradients_to_identities(new_dir)
-    _replace_dir(new_dir, export_dir)
+    _replace_dir(new_dir, export_dir, old_dir)
   finally:
-    if os.path.exists(new_dir):
-      shutil.rmtree(new_dir)
+    if tf.io.gfile.exists(new_dir):
+      tf.io.gfile.rmtree(new_dir)
   return export_dir
 
 
@@ -195,14 +291,20 @@ def load_exported(export_dir):
     The object of `tf.saved_model.load`; call `loaded.signatures[name]
     (inputs=x)["logits"]` with a name of `[SERVING_KEY] + exit_names(...)`.
   """
-  path = os.path.abspath(os.fspath(export_dir))
-  if not os.path.isdir(path):
-    raise ValueError(f"No SavedModel directory at {path}. Received: "
-                     f"export_dir={export_dir!r}")
+  path = paths.normalize(export_dir)
+  received = f"Received: export_dir={os.fspath(export_dir)!r}"
+  if not tf.io.gfile.isdir(path):
+    raise ValueError(f"No SavedModel directory at {path}. {received}")
+  variables = paths.join(path, "variables")
+  has_data = tf.io.gfile.isdir(variables) and any(
+      name.startswith("variables.data-")
+      for name in tf.io.gfile.listdir(variables))
   required = {
-      "saved_model.pb": os.path.isfile(os.path.join(path, "saved_model.pb")),
-      "variables/variables.index": os.path.isfile(
-          os.path.join(path, "variables", "variables.index")),
+      "saved_model.pb": tf.io.gfile.exists(paths.join(path,
+                                                      "saved_model.pb")),
+      "variables/variables.index": tf.io.gfile.exists(
+          paths.join(variables, "variables.index")),
+      "variables/variables.data-*": has_data,
   }
   missing = [name for name, present in required.items() if not present]
   if missing:
@@ -210,12 +312,18 @@ def load_exported(export_dir):
     # checkpoint error that names neither the file nor the directory.
     raise ValueError(
         f"Incomplete SavedModel at {path}: missing {', '.join(missing)}. "
-        f"Received: export_dir={export_dir!r}")
-  loaded = tf.saved_model.load(path)
+        f"{received}")
+  try:
+    loaded = tf.saved_model.load(path)
+  except (tf.errors.OpError, ValueError, OSError, IndexError) as e:
+    first = (str(e).strip().splitlines() or [""])[0][:160]
+    raise ValueError(
+        f"Cannot load the SavedModel at {path}: its files are damaged or "
+        f"truncated ({type(e).__name__}: {first}). {received}") from None
   if SERVING_KEY not in loaded.signatures:
     raise ValueError(
         f"The SavedModel at {path} has no {SERVING_KEY!r} signature. "
-        f"Received: export_dir={export_dir!r}")
+        f"{received}")
   return loaded
 
 

@@ -12,6 +12,9 @@ significant digits, too few for a log-sum-exp over a large vocabulary, so the
 softmax is always computed in float32.
 """
 
+import copy
+
+import keras
 import tensorflow as tf
 
 
@@ -35,6 +38,44 @@ def _mean_over_non_batch_axes(values):
     return values
   axes = tf.range(1, tf.rank(values)) if rank is None else list(range(1, rank))
   return tf.reduce_mean(values, axis=axes)
+
+
+def per_example_loss(loss_fn, name="loss_fn"):
+  """Turns `loss_fn` into `f(labels, logits) -> per-example loss [B]`.
+
+  A `keras.losses.Loss` reduces over the batch by default ("sum" or
+  "sum_over_batch_size"), which would hide the batch from the engine: the
+  engine must divide by the *global* batch. A copy with `reduction=None` is
+  used instead, so any reduction the object was made with is handled alike;
+  per-position losses ([B, T]) are averaged to one value per example.
+  A plain callable is returned as is.
+
+  Args:
+    loss_fn: a `keras.losses.Loss` or a callable returning one loss per
+      example.
+    name: the argument's name, for error messages.
+
+  Returns:
+    A callable `(labels, logits) -> [B]` (or the callable given).
+
+  Raises:
+    ValueError: when `loss_fn` is neither.
+  """
+  if isinstance(loss_fn, keras.losses.Loss):
+    unreduced = copy.copy(loss_fn)
+    unreduced.reduction = None
+
+    def per_example(labels, logits):
+      return _mean_over_non_batch_axes(
+          tf.cast(unreduced(labels, logits), tf.float32))
+
+    return per_example
+  if not callable(loss_fn):
+    raise ValueError(
+        f"{name} must be a keras.losses.Loss or a callable "
+        f"(labels, logits) -> per-example loss [batch]. "
+        f"Received: {name}={loss_fn!r}")
+  return loss_fn
 
 
 def sparse_softmax_cross_entropy(labels, logits):

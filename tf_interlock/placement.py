@@ -11,10 +11,14 @@ Kinds:
 
 A device that does not exist is an error: TF's soft placement would
 otherwise silently run everything on CPU:0 and the "model-parallel" run
-would be a serial one.
+would be a serial one. For the same reason `Placement.check_variables`
+verifies, after the trainer's build, that each module's variables really are
+where they belong: a layer that was built before the placement existed keeps
+the device it was built on, whatever scope it is called under later.
 """
 
 import contextlib
+import functools
 import itertools
 
 import numpy as np
@@ -23,30 +27,38 @@ import tensorflow as tf
 KINDS = ("single", "simulated", "gpu", "tpu")
 
 
-def configure_simulated_devices(num_devices):
-  """Splits the host CPU into `num_devices` logical devices, one core each.
+def configure_simulated_devices(num_devices, intra_op_threads=1,
+                                inter_op_threads=None):
+  """Splits the host CPU into `num_devices` logical devices.
 
   Must run before the TF runtime starts (before any tensor is created).
   Inter-op threads >= num_devices let the devices' ops run at the same time;
-  intra_op = 1 stops one op from taking every core.
+  intra_op = 1 (the default) stops one op from taking every core. Both
+  thread pools are process-wide (see `tf_interlock.threading_plan`).
 
   Args:
     num_devices: the number of logical CPU devices (usually K).
+    intra_op_threads: threads each op may use (>= 1).
+    inter_op_threads: ops run at once; None = num_devices.
 
   Returns:
     The logical device names.
   """
-  if num_devices < 1:
-    raise ValueError(f"num_devices must be >= 1. "
-                     f"Received: num_devices={num_devices}")
+  for name, value in (("num_devices", num_devices),
+                      ("intra_op_threads", intra_op_threads),
+                      ("inter_op_threads", inter_op_threads or 1)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be an int >= 1. "
+                       f"Received: {name}={value!r}")
   cpu = tf.config.list_physical_devices("CPU")[0]
   existing = tf.config.get_logical_device_configuration(cpu)
   if not existing or len(existing) < num_devices:
     try:
       tf.config.set_logical_device_configuration(
           cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-      tf.config.threading.set_inter_op_parallelism_threads(num_devices)
-      tf.config.threading.set_intra_op_parallelism_threads(1)
+      tf.config.threading.set_inter_op_parallelism_threads(
+          inter_op_threads or num_devices)
+      tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
     except RuntimeError as e:
       raise RuntimeError(
           f"Cannot create {num_devices} logical CPU devices after the TF "
@@ -65,9 +77,15 @@ class Placement:
   """
 
   def __init__(self, kind, devices=None, distribute=None):
+    if kind not in KINDS:
+      raise ValueError(f"placement must be one of {KINDS}. "
+                       f"Received: placement={kind!r}")
     self.kind = kind
     self.devices = list(devices) if devices is not None else None
     self.distribute = distribute
+    # "tpu": the logical core each variable was created under, keyed by the
+    # variable's ref(); filled by `scope` (TPU variables carry no core index).
+    self._logical_core = {}
 
   def check_modules(self, num_modules):
     """Raises unless every one of `num_modules` modules has its device."""
@@ -78,10 +96,28 @@ class Placement:
           f"Received: num_modules={num_modules}")
 
   def scope(self, k):
-    """Device scope for module k's variables and ops."""
+    """Device scope for module k's variables and ops.
+
+    On TPU, `experimental_logical_device(k)` makes TPUStrategy create the
+    variables made inside on logical core k of every replica (and, inside
+    the replica function, places the ops there); without it every module's
+    weights and slots would live on core 0.
+    """
+    if self.kind == "tpu":
+      stack = contextlib.ExitStack()
+      stack.enter_context(
+          self.distribute.extended.experimental_logical_device(k))
+      stack.enter_context(tf.variable_creator_scope(
+          functools.partial(self._record_core, k)))
+      return stack
     if self.devices is None:
       return contextlib.nullcontext()
     return tf.device(self.devices[k])
+
+  def _record_core(self, k, next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    self._logical_core[variable.ref()] = k
+    return variable
 
   def annotate(self, tensor, k):
     """Pins `tensor` to module k's logical core (TPU model parallelism)."""
@@ -89,8 +125,66 @@ class Placement:
       return tensor
     return self.distribute.experimental_assign_to_logical_device(tensor, k)
 
+  def check_variables(self, k, variables, hint=""):
+    """Raises unless every variable of module k is on module k's device.
+
+    Args:
+      k: the 0-based module index (messages count modules from 1).
+      variables: `(description, variable)` pairs: Keras or TF variables.
+      hint: how to fix a misplaced one, added to the message.
+
+    Raises:
+      ValueError: naming the first misplaced variable, where it is and where
+        it should be.
+    """
+    if self.kind == "single":
+      return
+    for description, variable in variables:
+      value = getattr(variable, "value", variable)
+      if self.kind == "tpu":
+        core = self._logical_core.get(value.ref())
+        if core != k:
+          where = ("outside every module's scope" if core is None
+                   else f"on logical core {core}")
+          raise ValueError(
+              f"{description} of module {k + 1} was created {where}; it "
+              f"belongs on logical core {k}.{hint} "
+              f"Received: placement=tpu")
+        continue
+      device = getattr(value, "device", "")
+      if not same_device(device, self.devices[k]):
+        raise ValueError(
+            f"{description} of module {k + 1} is on {device or 'no device'}"
+            f"; it belongs on {self.devices[k]}.{hint} "
+            f"Received: placement={self.kind}")
+
   def __repr__(self):
     return f"Placement(kind={self.kind!r}, devices={self.devices!r})"
+
+
+def same_device(a, b):
+  """Whether two device names denote the same device.
+
+  '/job:localhost/replica:0/task:0/device:CPU:1', '/device:CPU:1' and
+  '/cpu:1' all name CPU 1; fields missing from either name are not compared.
+
+  Args:
+    a: a device name.
+    b: a device name.
+
+  Returns:
+    bool.
+  """
+  if not a or not b:
+    return False
+  x, y = tf.DeviceSpec.from_string(a), tf.DeviceSpec.from_string(b)
+  for field in ("job", "replica", "task", "device_type", "device_index"):
+    u, v = getattr(x, field), getattr(y, field)
+    if field == "device_type" and u and v:
+      u, v = u.upper(), v.upper()
+    if u is not None and v is not None and u != v:
+      return False
+  return True
 
 
 def make_placement(kind, num_modules, distribute=None):

@@ -7,7 +7,6 @@ and backward a_k, and optimizer update u_k. Each is timed here in its own
 is subtracted. Times are medians over `repeats` calls, in seconds.
 """
 
-import contextlib
 import time
 
 import numpy as np
@@ -27,10 +26,6 @@ def _median_time(fn, repeats):
     tf.nest.map_structure(lambda t: t.numpy(), out)
     times.append(time.perf_counter() - start)
   return float(np.median(times))
-
-
-def _scope(placement, k):
-  return contextlib.nullcontext() if placement is None else placement.scope(k)
 
 
 def _op_functions(module, x, cot, labels, loss_fn):
@@ -99,7 +94,7 @@ def measure_module_costs(trainer, features, labels, repeats=10):
   labels = tf.convert_to_tensor(labels)
   for k, module in enumerate(trainer.modules):
     last = k == trainer.num_modules - 1
-    with _scope(trainer.placement, k):
+    with trainer.placement.scope(k):
       x = tf.identity(h)
       h = module.body(x, training=False)
       cot = tf.ones_like(h) / tf.cast(tf.size(h), h.dtype)

@@ -105,8 +105,9 @@ def make_plan(strategy, num_modules, has_aux: Optional[Sequence[bool]] = None):
       lo = j - window + 1 if j - window + 1 >= 0 else None
     if lo is not None and j < last and not has_aux[j]:
       raise ValueError(
-          f"Strategy {strategy} needs the auxiliary loss of module {j} to "
-          f"train module {lo}, but module {j} has no aux head. "
+          f"Strategy {strategy} needs the auxiliary loss of module {j + 1} "
+          f"to train module {lo + 1} (modules counted from 1), but module "
+          f"{j + 1} has no aux head. "
           f"Received: has_aux={list(has_aux)}")
     loss_low.append(lo)
   final_lo = loss_low[last]

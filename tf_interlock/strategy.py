@@ -61,9 +61,6 @@ class InterlockStrategy:
       return num_modules
     return min(self.window, num_modules)
 
-  def is_end_to_end(self, num_modules):
-    return self.effective_window(num_modules) >= num_modules
-
   def target(self, k, num_modules):
     """target(k) = min(k + n - 1, K - 1), with 0-based module index k."""
     return min(k + self.effective_window(num_modules) - 1, num_modules - 1)
@@ -102,25 +99,41 @@ def parse_strategy(spec, variant=None):
   if isinstance(spec, int) and not isinstance(spec, bool):
     return InterlockStrategy(spec, variant or "only")
   if not isinstance(spec, str):
-    raise ValueError(f"strategy must be {_ALLOWED}. Received: strategy={spec!r}")
+    raise ValueError(
+        f"strategy must be {_ALLOWED}. Received: strategy={spec!r}")
   text = spec.strip().lower()
+  window = _parse_window(text)
   suffix = None
-  for sep in ("-", ":"):
-    if sep in text:
-      text, suffix = text.split(sep, 1)
-      break
+  if window is None:
+    for sep in ("-", ":"):
+      if sep in text:
+        base, suffix = text.split(sep, 1)
+        window = _parse_window(base)
+        break
+  if window is None:
+    # The name itself is misspelled (e.g. '2-wise'): say how to spell it.
+    hint = "" if _parse_window(re.sub(r"[-_: ]", "", text)) is None else (
+        f" (did you mean {re.sub(r'[-_: ]', '', text)!r}?)")
+    raise ValueError(
+        f"strategy must be {_ALLOWED}, optionally followed by a variant "
+        f"'-only' or '-sum' (e.g. '2wise-sum'){hint}. "
+        f"Received: strategy={spec!r}")
   if suffix is not None and suffix not in VARIANTS:
     raise ValueError(
         f"strategy variant must be one of {VARIANTS}. "
         f"Received: strategy={spec!r}")
-  chosen = variant or suffix or "only"
-  if text == "e2e":
-    return InterlockStrategy(None, chosen)
-  if text == "local":
-    return InterlockStrategy(1, chosen)
-  if text == "pairwise":
-    return InterlockStrategy(2, chosen)
+  return InterlockStrategy(window.window, variant or suffix or "only")
+
+
+def _parse_window(text):
+  """'e2e', 'local', 'pairwise', 'Nwise' -> an `InterlockStrategy`, or None.
+
+  The variant of the result is a placeholder; `parse_strategy` sets it.
+  """
+  named = {"e2e": None, "local": 1, "pairwise": 2}
+  if text in named:
+    return InterlockStrategy(named[text])
   match = _NWISE.match(text)
   if match and int(match.group(1)) >= 1:
-    return InterlockStrategy(int(match.group(1)), chosen)
-  raise ValueError(f"strategy must be {_ALLOWED}. Received: strategy={spec!r}")
+    return InterlockStrategy(int(match.group(1)))
+  return None

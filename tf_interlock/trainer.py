@@ -6,24 +6,41 @@ per call. The steps are Python-unrolled into one dataflow graph: the only
 ordering between step t and t + 1 is then the real one (module k's forward at
 t + 1 reads the weights its update at t wrote; TF orders reads and writes per
 variable), so module k can run step t + 1 while later modules finish step t.
-Measured on 2 cores, K = 4 simulated devices (train.benchmark): going from 4
-to 16 unrolled steps per call took 2-wise from 1.15x to 1.28x of e2e's speed
-and local from 1.67x to 1.76x. Nothing in the step may serialize the graph:
-no shared metric variables, no host callbacks; metrics are returned tensors.
+More unrolled steps per call give the runtime more room to overlap (the
+README's benchmark table measures it). Nothing in the step may serialize the
+graph: no shared metric variables, no host callbacks, no variable shared by
+two modules (loss scales are per module, see `engine`); metrics are returned
+tensors.
 
 The same code runs under the default strategy, `MirroredStrategy` and
 `TPUStrategy`: each replica computes routed gradients for its share of the
 batch (`engine.InterlockStep`), and each module's Keras optimizer sums them
 across replicas before it updates that module.
+
+`build` verifies the placement: every variable of module k (body, aux head,
+optimizer slots, step counter, learning rate, loss scale) must sit on module
+k's device, or it raises naming the variable.
+
+Under `mixed_float16` every module's optimizer is a
+`keras.optimizers.LossScaleOptimizer` (plain optimizers are wrapped, as
+`keras.Model.compile` does): module k scales its losses by its own dynamic
+scale S_k and its optimizer unscales its gradients and skips a non-finite
+step, lowering S_k, by Keras's rules.
 """
 
-import contextlib
-
+import keras
 import tensorflow as tf
 
 from tf_interlock import engine
 from tf_interlock import losses as losses_lib
+from tf_interlock import metric_names
+from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
+
+_OPTIMIZERS_ALLOWED = ("one keras.optimizers.Optimizer (cloned for every "
+                       "module), an optimizer name such as 'adam', a list "
+                       "of one optimizer per module, or a callable "
+                       "k -> optimizer")
 
 
 def _split(structure, num):
@@ -35,23 +52,40 @@ def _split(structure, num):
           for i in range(num)]
 
 
+class DatasetEndedError(tf.errors.OutOfRangeError, ValueError):
+  """The input ended inside a `train_loop` call.
+
+  A `ValueError` with a message for people, and still the
+  `tf.errors.OutOfRangeError` that Keras's epoch loop takes as the end of an
+  epoch.
+  """
+
+
 class InterlockTrainer:
   """Trains K interlocking modules with one optimizer each.
 
   Args:
-    modules: the K `layers.InterlockModule`s, in depth order.
-    optimizers: K Keras optimizers (module k's also trains its aux head), or
-      a callable `k -> optimizer`, called inside `distribute.scope()`.
-      Optimizer instances must have been created inside that scope.
+    modules: the K `layers.InterlockModule`s, in depth order, unbuilt (a
+      layer built before the placement keeps its device: `build` raises).
+    optimizers: one Keras optimizer per module (module k's also trains its
+      aux head), given as one optimizer instance (cloned per module with
+      `from_config(get_config())`; the instance itself is not used), a
+      name for `keras.optimizers.get`, a list of K instances (created inside
+      `distribute.scope()`), or a callable `k -> optimizer` (0-based k),
+      called inside `distribute.scope()` and module k's placement scope.
+      Under `mixed_float16` each is wrapped in a `LossScaleOptimizer`
+      unless it is one already.
     strategy: the window: "e2e", "local", "pairwise", "Nwise", an int, or an
       `InterlockStrategy`.
     variant: "only" or "sum"; overrides a variant given in `strategy`.
-    loss_fn: `loss_fn(labels, logits) -> per-example loss [batch]`.
+    loss_fn: a `keras.losses.Loss` (any reduction; it is applied per
+      example) or `loss_fn(labels, logits) -> per-example loss [batch]`.
       Defaults to sparse softmax cross-entropy.
     metric_fn: `metric_fn(labels, logits) -> per-example score [batch]`,
       reported as "accuracy". Defaults to sparse accuracy; None disables.
     distribute: a `tf.distribute.Strategy`; defaults to the current one.
-    placement: optional placement with `scope(k)` for module k's ops.
+    placement: a `placement.Placement` (module k's device); defaults to
+      `make_placement("single", K)`.
     steps_per_loop: training steps per `tf.function` call.
     num_microbatches: M >= 1; each replica's batch is split into M
       microbatches whose gradients are summed before one update.
@@ -73,43 +107,83 @@ class InterlockTrainer:
     self.strategy = strategy_lib.parse_strategy(strategy, variant)
     self.plan = engine.make_plan_for(self.modules, self.strategy)
     self.distribute = distribute or tf.distribute.get_strategy()
-    self.placement = placement
-    if placement is not None:
-      placement.check_modules(len(self.modules))
+    self.placement = placement or placement_lib.make_placement(
+        "single", len(self.modules), self.distribute)
+    self.placement.check_modules(len(self.modules))
+    replicas = self.distribute.num_replicas_in_sync
+    if self.placement.kind in ("simulated", "gpu") and replicas > 1:
+      raise ValueError(
+          f"placement={self.placement.kind} puts module k on device k, but "
+          f"a strategy with {replicas} replicas creates every variable on "
+          f"its own devices. Use placement=single for data parallelism, or "
+          f"placement=tpu with a TPUStrategy for both. "
+          f"Received: placement={self.placement.kind}")
+    self.float16 = _uses_float16(self.modules)
+    if self.float16 and (self.placement.kind == "tpu" or isinstance(
+        self.distribute, tf.distribute.TPUStrategy)):
+      raise ValueError(
+          "mixed_float16 is not supported on TPU: TPUs compute in "
+          "bfloat16, which needs no loss scaling; use mixed_bfloat16. "
+          "Received: policy=mixed_float16, placement=tpu")
     self.steps_per_loop = steps_per_loop
     self.num_microbatches = num_microbatches
     self.optimizers = self._make_optimizers(optimizers)
-    self.step = engine.InterlockStep(self.modules, self.plan, loss_fn,
-                                     metric_fn, placement)
+    self.step = engine.InterlockStep(
+        self.modules, self.plan, losses_lib.per_example_loss(loss_fn),
+        metric_fn, self.placement)
     self._loop_fns = {}
+    self._built = False
 
   @property
   def num_modules(self):
     return len(self.modules)
 
   def _make_optimizers(self, optimizers):
-    if callable(optimizers):
-      factory, optimizers = optimizers, []
-      for k in range(len(self.modules)):
-        # Step counter and learning rate live with the module they update.
-        with self.distribute.scope(), self._scope(k):
-          optimizers.append(factory(k))
-    optimizers = list(optimizers)
-    if len(optimizers) != len(self.modules):
-      raise ValueError(
-          f"Need one optimizer per module ({len(self.modules)} modules). "
-          f"Received: len(optimizers)={len(optimizers)}")
-    if len({id(o) for o in optimizers}) != len(optimizers):
+    """K distinct optimizers, each made in its module's scopes."""
+    num = len(self.modules)
+    if isinstance(optimizers, keras.optimizers.Optimizer):
+      config = optimizers.get_config()
+      factory = lambda k: optimizers.__class__.from_config(dict(config))  # noqa
+    elif isinstance(optimizers, str):
+      factory = lambda k: _optimizer_by_name(optimizers)  # noqa
+    elif callable(optimizers):
+      factory = optimizers
+    elif isinstance(optimizers, (list, tuple)):
+      factory = None
+      if len(optimizers) != num:
+        raise ValueError(
+            f"Need one optimizer per module ({num} modules). "
+            f"Received: len(optimizers)={len(optimizers)}")
+    else:
+      raise ValueError(f"optimizers must be {_OPTIMIZERS_ALLOWED}. "
+                       f"Received: optimizers={optimizers!r}")
+    made = []
+    for k in range(num):
+      # Step counter and learning rate live with the module they update.
+      with self.distribute.scope(), self.placement.scope(k):
+        opt = factory(k) if factory else optimizers[k]
+        if not isinstance(opt, keras.optimizers.Optimizer):
+          raise ValueError(
+              f"optimizers must be {_OPTIMIZERS_ALLOWED}; the one for "
+              f"module {k + 1} is not a Keras optimizer. "
+              f"Received: optimizer={opt!r}")
+        made.append(opt)
+        if self.float16 and not isinstance(
+            opt, keras.optimizers.LossScaleOptimizer):
+          made[-1] = keras.optimizers.LossScaleOptimizer(opt)
+    if len({id(o.inner_optimizer if self.float16 else o)
+            for o in made}) != num:
       raise ValueError("Each module needs its own optimizer instance. "
                        "Received: the same optimizer several times")
-    for k, opt in enumerate(optimizers):
+    for k, opt in enumerate(made):
       if not self.distribute.extended.variable_created_in_scope(
           opt.iterations.value):
         raise ValueError(
-            f"Optimizer {k} was created outside distribute.scope(): it "
-            f"would count steps once per replica. Create it inside the "
-            f"scope or pass a callable. Received: optimizers[{k}]={opt.name}")
-    return optimizers
+            f"The optimizer of module {k + 1} was created outside "
+            f"distribute.scope(): it would count steps once per replica. "
+            f"Create it inside the scope, or pass one optimizer, a name or "
+            f"a callable. Received: optimizers[{k}]={opt.name}")
+    return made
 
   def variables(self, k):
     """theta_k then phi_k: the order of `InterlockStep` gradients."""
@@ -120,26 +194,37 @@ class InterlockTrainer:
   def build(self, sample_features):
     """Creates every weight and optimizer slot, eagerly, in scope.
 
+    Then checks that each module's variables are on its device.
+
     Args:
       sample_features: one batch (any size) of network inputs; only its
         shapes and dtypes matter.
+
+    Raises:
+      ValueError: naming a variable that is not on its module's device.
     """
     with self.distribute.scope():
       h = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[:1],
                                 sample_features)
       for k, module in enumerate(self.modules):
-        with self._scope(k):
+        with self.placement.scope(k):
           h = module(h, training=False)
           if module.has_aux_head:
             h = h[0]
       for k, opt in enumerate(self.optimizers):
-        with self._scope(k):
+        with self.placement.scope(k):
           opt.build(self.variables(k))
-
-  def _scope(self, k):
-    if self.placement is None:
-      return contextlib.nullcontext()
-    return self.placement.scope(k)
+    for k, (module, opt) in enumerate(zip(self.modules, self.optimizers)):
+      self.placement.check_variables(
+          k, [(f"weight {v.path!r}", v) for v in module.weights],
+          " A layer keeps the device it was built on: pass the modules "
+          "unbuilt (no keras.Input, not called yet), e.g. via from_keras.")
+      self.placement.check_variables(
+          k, [(f"optimizer variable {v.path!r}", v) for v in opt.variables],
+          " An optimizer's step counter is created with the optimizer: pass "
+          "a callable k -> optimizer, one optimizer to clone, or a name, "
+          "and the trainer creates it in the module's scope.")
+    self._built = True
 
   def checkpoint(self, **extra):
     """A `tf.train.Checkpoint` of every module, head and optimizer.
@@ -159,6 +244,16 @@ class InterlockTrainer:
       objects[f"optimizer_{k + 1}"] = opt
     return tf.train.Checkpoint(**objects)
 
+  def _loss_scales(self):
+    """Per module, its LossScaleOptimizer's scale S_k (else None); or None."""
+    scales = []
+    for k, opt in enumerate(self.optimizers):
+      scales.append(None)
+      if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        with self.placement.scope(k):
+          scales[k] = tf.convert_to_tensor(opt.dynamic_scale)
+    return None if all(s is None for s in scales) else scales
+
   def _replica_step(self, features, labels):
     """One step on one replica: routed gradients, then K updates."""
     m = self.num_microbatches
@@ -170,26 +265,55 @@ class InterlockTrainer:
       raise ValueError(
           f"The per-replica batch ({batch}) must divide into "
           f"num_microbatches. Received: num_microbatches={m}")
-    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync
     global_batch = batch * replicas
+    scales = self._loss_scales()
     # Losses are averaged over the whole global batch, so summing the
     # microbatches' gradients gives the full batch's gradient.
     grads, metrics = None, None
     for f_i, l_i in zip(_split(features, m), _split(labels, m)):
-      g, mets = self.step.gradients(f_i, l_i, global_batch)
+      g, mets = self.step.gradients(f_i, l_i, global_batch, scales)
       if grads is None:
         grads, metrics = g, mets
       else:
         grads = [[a + b for a, b in zip(ga, gb)] for ga, gb in zip(grads, g)]
         metrics = {key: metrics[key] + mets[key] for key in metrics}
     for k, opt in enumerate(self.optimizers):
-      with self._scope(k):
+      with self.placement.scope(k):
+        scale = None if scales is None else scales[k]
+        norm = tf.linalg.global_norm(grads[k])
+        if scale is not None:
+          grads[k], norm = self._agree_on_skip(grads[k], norm, scale,
+                                               replicas, context, k, metrics)
         # This replica's gradient norm (mean over replicas after the SUM
         # reduction): NaN/Inf in any gradient of module k shows up here.
-        metrics[f"module_{k + 1}/grad_norm"] = tf.linalg.global_norm(
-            grads[k]) / replicas
+        metrics[metric_names.metric_name(k, "grad_norm")] = norm / replicas
         opt.apply_gradients(zip(grads[k], self.variables(k)))
     return metrics
+
+  def _agree_on_skip(self, grads, norm, scale, replicas, context, k,
+                     metrics):
+    """Loss-scaled module k: one skip decision for all replicas.
+
+    The `LossScaleOptimizer` checks this replica's gradients before the
+    all-reduce; a non-finite gradient on any replica is made visible on all
+    of them, so every replica skips the same steps. Reports the unscaled
+    norm (0 on a skipped step), "skipped" (1 on a skipped step) and the
+    scale S_k.
+    """
+    finite = tf.reduce_all(tf.stack(
+        [tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
+    if replicas > 1:
+      bad = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                               1.0 - tf.cast(finite, tf.float32))
+      finite = tf.equal(bad, 0.0)
+      grads = [tf.where(finite, g, tf.constant(float("nan"), g.dtype))
+               for g in grads]
+    skipped = 1.0 - tf.cast(finite, tf.float32)
+    metrics[metric_names.metric_name(k, "skipped")] = skipped / replicas
+    metrics[metric_names.metric_name(k, "loss_scale")] = scale / replicas
+    return grads, tf.where(finite, norm / scale, 0.0)
 
   def _make_loop(self, num_steps):
     def loop(iterator):
@@ -214,20 +338,58 @@ class InterlockTrainer:
 
     Args:
       iterator: an iterator over a `distribute_dataset` of
-        `(features, labels)` batches.
+        `(features, labels)` batches. It must hold `num_steps` more
+        batches (repeat the dataset, or pass a smaller `num_steps`).
       num_steps: steps in this call; each distinct value traces once.
 
     Returns:
-      Per-module metrics (mean over the steps) as Python floats:
-      "module_{k}/loss", "module_{k}/accuracy" (with a metric_fn) and
-      "module_{k}/grad_norm", k = 1..K.
+      Per-module metrics (mean over the steps) as Python floats, keys from
+      `metric_names.metric_name`: "module_{k}/loss", "module_{k}/accuracy"
+      (with a metric_fn) and "module_{k}/grad_norm", k = 1..K; with loss
+      scaling also "module_{k}/loss_scale" and "module_{k}/skipped" (the
+      fraction of steps skipped for non-finite gradients; their grad_norm
+      counts as 0).
+
+    Raises:
+      RuntimeError: before `build`.
+      DatasetEndedError: when the iterator ends inside the loop.
     """
+    if not self._built:
+      raise RuntimeError(
+          "InterlockTrainer.train_loop before build: call "
+          "trainer.build(sample_features) first, with one batch of inputs, "
+          "so that every weight and optimizer slot is created on its "
+          "module's device.")
     num_steps = num_steps or self.steps_per_loop
     if num_steps not in self._loop_fns:
       self._loop_fns[num_steps] = self._make_loop(num_steps)
-    metrics = self._loop_fns[num_steps](iterator)
+    try:
+      metrics = self._loop_fns[num_steps](iterator)
+    except tf.errors.OutOfRangeError:
+      counters = [int(opt.iterations.numpy()) for opt in self.optimizers]
+      raise DatasetEndedError(
+          None, None,
+          f"The dataset ended inside a loop of {num_steps} steps; updates "
+          f"that ran before the end are kept (modules' step counters now "
+          f"{counters}). Repeat the dataset, or pass num_steps <= the "
+          f"batches left. Received: num_steps={num_steps}") from None
     return {key: float(value) for key, value in metrics.items()}
 
   def distribute_dataset(self, dataset):
     """`dataset` of global batches, split across this trainer's replicas."""
     return self.distribute.experimental_distribute_dataset(dataset)
+
+
+def _optimizer_by_name(name):
+  try:
+    return keras.optimizers.get(name)
+  except ValueError as e:
+    raise ValueError(f"optimizers must be {_OPTIMIZERS_ALLOWED}; {name!r} is "
+                     f"no Keras optimizer name. "
+                     f"Received: optimizers={name!r}") from e
+
+
+def _uses_float16(modules):
+  """Whether any module computes in float16 (e.g. under mixed_float16)."""
+  return any(layer.compute_dtype == "float16"
+             for module in modules for layer in (module, module.body))

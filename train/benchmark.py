@@ -1,41 +1,47 @@
-r"""Step-time benchmark: each strategy measured and predicted, vs plain Keras.
+r"""Step-time benchmark: each strategy measured and modelled, vs plain Keras.
 
   python -m train.benchmark --model=mlp --num_modules=4 \
       --strategies=e2e,local,2wise,3wise --placement=simulated --json
 
-For each strategy it builds the same network split into K modules, times
-`steps_per_loop` steps per `tf.function` call (median over --steps calls),
-measures each module's op costs, and asks the schedule model
-(`tf_interlock.schedule`) for the predicted step time. It also trains the
-same layers as one plain Keras model with one optimizer on one device (what
-a user would write without tf_interlock) and reports e2e's overhead against
-it (e2e without aux heads, on one device).
+The baseline is what a user has without tf_interlock: the same layers as one
+`keras.Sequential` trained with `fit`, in a process of its own with TF's
+default threading (every core). Every strategy's speedup is reported against
+it and against e2e on the same placement and threads.
+
+With --placement=simulated, TF's thread pools are fixed per process, so each
+threading plan (`tf_interlock.threading_plan`: logical devices, intra-op
+threads per device, modules per device) runs in its own worker process:
+first one device per module with one thread, whose measured op costs let the
+schedule model choose each strategy's plan for --num_cores cores; then each
+other chosen plan (with e2e on it). --threads_per_device and
+--modules_per_device fix the plan instead.
 """
 
 import json
 import os
-import time
+import subprocess
+import sys
 
-from absl import app
-from absl import flags
-import keras
-import numpy as np
-import tensorflow as tf
+from train import runtime_env  # noqa: F401  (before TensorFlow)
 
-from layers import resnet
-from layers.interlock_module import InterlockModule
-from tf_interlock import placement as placement_lib
-from tf_interlock import profiling
-from tf_interlock import schedule
-from tf_interlock.trainer import InterlockTrainer
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
-_MODEL = flags.DEFINE_enum("model", "mlp", ["mlp", "resnet"], "Network.")
+from layers import resnet  # noqa: E402
+from tf_interlock import placement as placement_lib  # noqa: E402
+from tf_interlock import strategy as strategy_lib  # noqa: E402
+from tf_interlock import threading_plan  # noqa: E402
+from train import benchmark_lib  # noqa: E402
+from train import config as config_lib  # noqa: E402
+
+_MODEL = flags.DEFINE_string("model", "mlp", "Network: mlp or resnet.")
 _PRESET = flags.DEFINE_string("preset", "resnet20", "ResNet preset.")
 _NUM_MODULES = flags.DEFINE_integer("num_modules", 4, "K.")
 _STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
                                                "3wise"], "Strategies.")
-_PLACEMENT = flags.DEFINE_enum("placement", "simulated",
-                               ["single", "simulated", "gpu"], "Placement.")
+_PLACEMENT = flags.DEFINE_string("placement", "simulated",
+                                 "single, simulated or gpu.")
 _BATCH = flags.DEFINE_integer("batch_size", 512, "Global batch size.")
 _STEPS = flags.DEFINE_integer("steps", 5, "Timed loop calls per strategy.")
 _STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 16,
@@ -43,136 +49,223 @@ _STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 16,
 _WIDTH = flags.DEFINE_integer("width", 1024, "MLP width.")
 _LAYERS = flags.DEFINE_integer("layers_per_module", 1, "MLP layers/module.")
 _IMAGE = flags.DEFINE_integer("image_size", 32, "ResNet input size.")
-_CORES = flags.DEFINE_integer("num_cores", None,
-                              "Cores for the model (default: K).")
+_CORES = flags.DEFINE_integer(
+    "num_cores", None, "Cores of the host for the schedule model and the "
+    "threading plan (default: the cores this process may use).")
+_THREADS = flags.DEFINE_integer(
+    "threads_per_device", None, "Intra-op threads per simulated device "
+    "(default: chosen by the schedule model per strategy).")
+_MODULES_PER_DEVICE = flags.DEFINE_integer(
+    "modules_per_device", None, "Modules per simulated device; must divide "
+    "K (default: chosen by the schedule model per strategy).")
+_EFFICIENCY = flags.DEFINE_float(
+    "thread_efficiency", threading_plan.DEFAULT_THREAD_EFFICIENCY,
+    "Speedup of an op on t threads is 1 + (t - 1) * this (in [0, 1]).")
+_BASELINE = flags.DEFINE_bool(
+    "baseline", True, "Also time plain Keras fit on all cores (own process).")
+_FIT = flags.DEFINE_bool(
+    "fit", True, "Also time each strategy through InterlockModel.fit.")
+_ROLE = flags.DEFINE_string(
+    "role", "main", "Internal: main, worker (one threading plan) or "
+    "baseline (plain Keras, default threading).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Also write the JSON report to this file (gfile path).")
 
-NUM_CLASSES = 10
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def build_modules(num_modules, aux_heads=True):
-  """The benchmark network as K InterlockModules."""
+def host_cores():
+  """The cores this process may run on."""
+  return len(os.sched_getaffinity(0))
+
+
+def validate():
+  """One-line errors for bad flags, before anything runs."""
+  check = config_lib.check_number
+  config_lib.check_choice("model", _MODEL.value, ("mlp", "resnet"))
+  config_lib.check_choice("placement", _PLACEMENT.value,
+                          ("single", "simulated", "gpu"))
+  config_lib.check_choice("role", _ROLE.value, ("main", "worker", "baseline"))
+  for flag in (_NUM_MODULES, _BATCH, _STEPS, _STEPS_PER_LOOP, _WIDTH,
+               _LAYERS, _IMAGE):
+    check(flag.name, flag.value, minimum=1, integer=True)
+  for flag in (_CORES, _THREADS, _MODULES_PER_DEVICE):
+    check(flag.name, flag.value, minimum=1, integer=True, allow_none=True)
+  check("thread_efficiency", _EFFICIENCY.value, minimum=0, maximum=1)
+  if not _STRATEGIES.value:
+    config_lib.fail("strategies", "", "must name at least one strategy")
+  for name in _STRATEGIES.value:
+    try:
+      strategy_lib.parse_strategy(name)
+    except ValueError as e:
+      reason = str(e).split(" Received:")[0].rstrip(".")
+      config_lib.fail("strategies", ",".join(_STRATEGIES.value),
+                      f"{name!r} is not a strategy: {reason}")
+  if _MODULES_PER_DEVICE.value and _NUM_MODULES.value % \
+      _MODULES_PER_DEVICE.value:
+    config_lib.fail("modules_per_device", _MODULES_PER_DEVICE.value,
+                    f"must divide --num_modules={_NUM_MODULES.value}")
   if _MODEL.value == "resnet":
-    return resnet.resnet_modules(
-        _PRESET.value, NUM_CLASSES, num_modules,
-        input_shape=(_IMAGE.value, _IMAGE.value, 3),
-        aux_head="authors" if aux_heads else None, synchronized_bn=False)
-  modules = []
-  for k in range(num_modules):
-    body = [keras.layers.Dense(_WIDTH.value, activation="relu")
-            for _ in range(_LAYERS.value)]
-    last = k == num_modules - 1
-    if last:
-      body.append(keras.layers.Dense(NUM_CLASSES))
-    head = keras.layers.Dense(NUM_CLASSES) if aux_heads and not last else None
-    modules.append(InterlockModule(body, aux_head=head))
-  return modules
+    config_lib.check_choice("preset", _PRESET.value, tuple(resnet.PRESETS))
 
 
-def make_batch():
-  rng = np.random.default_rng(0)
-  shape = ((_IMAGE.value, _IMAGE.value, 3) if _MODEL.value == "resnet"
-           else (_WIDTH.value,))
-  x = rng.normal(size=(_BATCH.value,) + shape).astype("float32")
-  y = rng.integers(0, NUM_CLASSES, size=(_BATCH.value,)).astype("int32")
-  return x, y
+def spec():
+  return benchmark_lib.Spec(
+      model=_MODEL.value, preset=_PRESET.value, num_modules=_NUM_MODULES.value,
+      width=_WIDTH.value, layers_per_module=_LAYERS.value,
+      image_size=_IMAGE.value, batch_size=_BATCH.value, steps=_STEPS.value,
+      steps_per_loop=_STEPS_PER_LOOP.value)
 
 
-def time_calls(fn, calls):
-  """Median seconds of `fn()` over `calls` calls, after two warm-ups."""
-  fn()
-  fn()
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+def _flag_args(**override):
+  """This run's flags, as a child process's argv."""
+  names = ("model", "preset", "num_modules", "placement", "batch_size",
+           "steps", "steps_per_loop", "width", "layers_per_module",
+           "image_size", "num_cores", "thread_efficiency", "fit")
+  values = {name: flags.FLAGS[name].value for name in names}
+  values["num_cores"] = _CORES.value or host_cores()
+  values.update(override)
+  return [f"--{k}={','.join(v) if isinstance(v, list) else v}"
+          for k, v in values.items() if v is not None]
 
 
-def run_strategy(strategy, placement_kind, aux_heads=True):
-  """Builds and times one strategy: (trainer, median step seconds)."""
+def run_child(**override):
+  """Runs train.benchmark in a child process; its JSON report."""
+  args = [sys.executable, "-m", "train.benchmark", "--json",
+          *_flag_args(**override)]
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep +
+             os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True,
+                        text=True, check=False)
+  if proc.returncode:
+    lines = proc.stderr.strip().splitlines() or ["(no output)"]
+    raise RuntimeError(f"benchmark child {' '.join(args[3:])} failed "
+                       f"(rc {proc.returncode}): {lines[-1]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def baseline_report():
+  """Plain Keras fit and e2e without aux heads, default threading."""
+  s = spec()
+  plain = benchmark_lib.run_plain_keras(s)
+  placement = placement_lib.make_placement("single", s.num_modules)
+  _, e2e = benchmark_lib.run_strategy(s, "e2e", placement, aux_heads=False)
+  return {"plain_keras_step_s": plain, "e2e_single_step_s": e2e,
+          "e2e_overhead_vs_keras": e2e / plain,
+          "baseline_threads": host_cores(),
+          "baseline_thread_pools": benchmark_lib.threading_state()}
+
+
+def worker_report(strategies, plan=None):
+  """Times `strategies` in this process (on `plan` when simulated)."""
+  s = spec()
+  cores = _CORES.value or host_cores()
+  if plan is not None:
+    placement_lib.configure_simulated_devices(
+        plan.num_devices, intra_op_threads=plan.threads_per_device)
+    placement = benchmark_lib.simulated_placement(plan)
+    rows, costs = benchmark_lib.measure_strategies(
+        s, strategies, placement, cores, plan.threads_per_device,
+        plan.module_devices, fit=_FIT.value)
+  else:
+    placement = placement_lib.make_placement(_PLACEMENT.value, s.num_modules)
+    rows, costs = benchmark_lib.measure_strategies(
+        s, strategies, placement, cores if _CORES.value else None,
+        fit=_FIT.value)
+  return {"strategies": rows, "module_costs_ms": benchmark_lib.costs_ms(costs),
+          "plan": plan.describe() if plan else _PLACEMENT.value,
+          "threads_per_device": plan.threads_per_device if plan else None,
+          "thread_pools": benchmark_lib.threading_state()}
+
+
+def _with_e2e(strategies):
+  return strategies if "e2e" in strategies else ["e2e"] + list(strategies)
+
+
+def simulated_runs(strategies, cores):
+  """Per strategy its plan and the worker report it was measured in."""
   k = _NUM_MODULES.value
-  placement = placement_lib.make_placement(placement_kind, k)
-  modules = build_modules(k, aux_heads)
-  trainer = InterlockTrainer(
-      modules, lambda i: keras.optimizers.SGD(0.01, momentum=0.9), strategy,
-      placement=placement, steps_per_loop=_STEPS_PER_LOOP.value)
-  x, y = make_batch()
-  trainer.build(x)
-  dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-  iterator = iter(trainer.distribute_dataset(dataset))
-  seconds = time_calls(lambda: trainer.train_loop(iterator), _STEPS.value)
-  return trainer, seconds / _STEPS_PER_LOOP.value
+  fixed = _THREADS.value is not None or _MODULES_PER_DEVICE.value is not None
+  runs = {}
+  if fixed:
+    plans = {name: threading_plan.plan_for(
+        k, name, cores, _THREADS.value, _MODULES_PER_DEVICE.value,
+        _EFFICIENCY.value) for name in strategies}
+  else:
+    first = threading_plan.make_plan(k, k, 1)
+    runs[first] = run_child(role="worker", strategies=_with_e2e(strategies),
+                            threads_per_device=1, modules_per_device=1)
+    costs = benchmark_lib.costs_from_ms(runs[first]["module_costs_ms"])
+    plans = {name: threading_plan.choose_plan(
+        costs, name, cores, thread_efficiency=_EFFICIENCY.value)[0]
+             for name in strategies}
+  for plan in dict.fromkeys(plans.values()):
+    if plan not in runs:
+      names = [n for n in strategies if plans[n] == plan]
+      runs[plan] = run_child(
+          role="worker", strategies=_with_e2e(names),
+          threads_per_device=plan.threads_per_device,
+          modules_per_device=k // plan.num_devices)
+  return plans, runs
 
 
-def run_plain_keras():
-  """The same layers as one keras.Sequential, one optimizer, `fit`."""
-  modules = build_modules(_NUM_MODULES.value, aux_heads=False)
-  model = keras.Sequential([m.body for m in modules])
-  model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True),
-                steps_per_execution=_STEPS_PER_LOOP.value)
-  x, y = make_batch()
-  dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-  spl = _STEPS_PER_LOOP.value
-  seconds = time_calls(
-      lambda: model.fit(dataset, steps_per_epoch=spl, epochs=1, verbose=0),
-      _STEPS.value)
-  return seconds / spl
+def main_report():
+  """The whole benchmark: workers, the baseline, speedups."""
+  strategies = list(dict.fromkeys(_STRATEGIES.value))
+  cores = _CORES.value or host_cores()
+  baseline = run_child(role="baseline") if _BASELINE.value else {}
+  plain = baseline.get("plain_keras_step_s")
+  results, runs_out = {}, []
+  if _PLACEMENT.value == "simulated":
+    plans, runs = simulated_runs(strategies, cores)
+    for plan, run in runs.items():
+      rows = run["strategies"]
+      benchmark_lib.add_speedups(rows, rows.get("e2e"), plain)
+      runs_out.append(run)
+    for name in strategies:
+      results[name] = dict(runs[plans[name]]["strategies"][name],
+                           plan=plans[name].describe())
+    costs = runs_out[0]["module_costs_ms"]
+  else:
+    run = worker_report(strategies)
+    benchmark_lib.add_speedups(run["strategies"], run["strategies"].get("e2e"),
+                               plain)
+    results, costs = run["strategies"], run["module_costs_ms"]
+  return dict(
+      model=_MODEL.value, num_modules=_NUM_MODULES.value,
+      placement=_PLACEMENT.value, batch_size=_BATCH.value, num_cores=cores,
+      steps_per_loop=_STEPS_PER_LOOP.value, onednn=runtime_env.onednn_state(),
+      strategies=results, runs=runs_out, module_costs_ms=costs, **baseline)
 
 
 def main(argv):
-  del argv
-  k = _NUM_MODULES.value
-  if _PLACEMENT.value == "simulated":
-    # Before the first op: logical devices and thread pools are fixed then.
-    placement_lib.configure_simulated_devices(k)
-  x, y = make_batch()
-  cores = _CORES.value or (min(k, os.cpu_count())
-                           if _PLACEMENT.value == "simulated" else k)
-  results = {}
-  costs = None
-  for name in _STRATEGIES.value:
-    trainer, step = run_strategy(name, _PLACEMENT.value)
-    if costs is None:
-      costs = profiling.measure_module_costs(trainer, x, y)
-    predicted = schedule.simulate(costs, name, num_cores=cores).step_time
-    results[name] = {"measured_step_s": step, "predicted_step_s": predicted,
-                     "examples_per_s": _BATCH.value / step}
-  if "e2e" in results:
-    base, base_pred = (results["e2e"]["measured_step_s"],
-                       results["e2e"]["predicted_step_s"])
-    for row in results.values():
-      row["measured_speedup"] = base / row["measured_step_s"]
-      row["predicted_speedup"] = base_pred / row["predicted_step_s"]
-  _, e2e_single = run_strategy("e2e", "single", aux_heads=False)
-  plain = run_plain_keras()
-  report = {
-      "model": _MODEL.value, "num_modules": k, "placement": _PLACEMENT.value,
-      "batch_size": _BATCH.value, "num_cores": cores,
-      "steps_per_loop": _STEPS_PER_LOOP.value, "strategies": results,
-      "plain_keras_step_s": plain, "e2e_single_step_s": e2e_single,
-      "e2e_overhead_vs_keras": e2e_single / plain,
-      "module_costs_ms": [[round(1e3 * c, 3) for c in (
-          m.forward, m.input_vjp, m.weight_vjp, m.aux, m.update)]
-                          for m in costs],
-  }
-  if _JSON.value:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    validate()
+    if _ROLE.value == "baseline":
+      report = baseline_report()
+    elif _ROLE.value == "worker":
+      plan = None
+      if _PLACEMENT.value == "simulated":
+        plan = threading_plan.make_plan(
+            _NUM_MODULES.value,
+            _NUM_MODULES.value // (_MODULES_PER_DEVICE.value or 1),
+            _THREADS.value or 1)
+      report = worker_report(_STRATEGIES.value, plan)
+    else:
+      report = main_report()
+  except (ValueError, RuntimeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  if _JSON.value or _ROLE.value != "main":
     print(json.dumps(report))
-    return
-  print(f"{'strategy':10s} {'step ms':>9s} {'model ms':>9s} {'speedup':>8s} "
-        f"{'model':>7s} {'ex/s':>9s}")
-  for name, row in results.items():
-    print(f"{name:10s} {1e3 * row['measured_step_s']:9.1f} "
-          f"{1e3 * row['predicted_step_s']:9.1f} "
-          f"{row.get('measured_speedup', float('nan')):7.2f}x "
-          f"{row.get('predicted_speedup', float('nan')):6.2f}x "
-          f"{row['examples_per_s']:9.0f}")
-  print(f"plain Keras {1e3 * plain:.1f} ms/step; e2e (no aux, one device) "
-        f"{1e3 * e2e_single:.1f} ms/step: overhead "
-        f"{report['e2e_overhead_vs_keras']:.2f}x")
+  else:
+    print(benchmark_lib.format_table(report))
+  if _JSON_OUT.value and _ROLE.value == "main":
+    with tf.io.gfile.GFile(_JSON_OUT.value, "w") as f:
+      f.write(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,289 +1,143 @@
-r"""Every strategy for the same wall-clock budget: `python -m train.compare`.
+r"""Every strategy over seeds, measured and projected: `python -m train.compare`.
 
-  python -m train.compare --preset=synthetic_mlp --placement=simulated \
-      --strategies=e2e,local,2wise,3wise --budget_s=300 --eval_interval_s=30 \
-      --out_dir=/tmp/compare
+  python -m train.compare --preset=fashion_mnist_resnet \
+      --strategies=e2e,local,2wise,3wise --seeds=3 --train_steps=600 \
+      --out_dir=runs/compare_fashion_mnist
 
-Each strategy trains in its own `python -m train.train` process (placement
-configures devices per process) for --budget_s into out_dir/<strategy>, with
---preset and every Config flag given here. Without --train_steps or --epochs
-only the budget stops a run (a step-based LR schedule is then constant).
-Unless --eval_every_steps is given, a short probe run per strategy measures
-its step time and eval_every_steps is set to evaluate every eval_interval_s.
-Curve times are eval events' wall_time minus the start of the first step.
+Each (strategy, seed) trains --train_steps steps (seed = --seed + i) in its
+own `python -m train.train` process, with --preset and every Config flag
+given here, and is evaluated on the whole evaluation split (unless
+--eval_batches is given) at --eval_points evenly spaced steps. The per-module
+op costs (`train.module_costs`) and the schedule model predict each
+strategy's step time with one core per module; the report puts the measured
+per-step curves on the measured and on the predicted time axis (see
+`tf_interlock.projection`).
 
-A strategy with an out_dir/<strategy>/result.json is not rerun; an unfinished
-one restarts from scratch, so each gets exactly one budget. Writes
-results.json, report.md and (with matplotlib) metric_vs_time.png to out_dir.
+A run with an out_dir/<strategy>/seed_<seed>/result.json is not rerun; an
+unfinished one restarts from scratch. Writes results.json, report.md and the
+PNG plots of `train.study_report.PLOTS` to out_dir and to --report_dir.
 """
 
-import collections
+# First: quiets TF's logging before TensorFlow loads (see runtime_env).
+from train import runtime_env  # pylint: disable=unused-import
+
 import dataclasses
-import glob
-import io
-import json
+import importlib.util
 import os
 import shlex
-import statistics
-import subprocess
 import sys
 
 from absl import app
 from absl import flags
-from tensorboard.backend.event_processing import event_file_loader
 import tensorflow as tf
 
+from tf_interlock import paths
 from train import config as config_lib
 from train import flags_lib
+from train import study_lib
+from train import study_report
 
 _STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
                                                "3wise"], "Strategies to run.")
-_BUDGET_S = flags.DEFINE_float("budget_s", 600.0,
-                               "Training wall-clock seconds per strategy.")
-_EVAL_INTERVAL_S = flags.DEFINE_float(
-    "eval_interval_s", 60.0, "Wall-clock seconds between evaluations.")
+_SEEDS = flags.DEFINE_integer("seeds", 1, "Runs per strategy (seed = --seed "
+                              "+ i).")
+_EVAL_POINTS = flags.DEFINE_integer(
+    "eval_points", 10, "Evenly spaced evaluations per run (>= 2).")
+_TARGET = flags.DEFINE_float(
+    "target", None, "Metric to reach; default: e2e's mean final metric.")
+_JOBS = flags.DEFINE_integer(
+    "jobs", 1, "Runs at a time; > 1 overlaps them (the report says so).")
+_PLOTS = flags.DEFINE_bool("plots", True, "Draw the PNG plots (matplotlib).")
+_COST_REPEATS = flags.DEFINE_integer("cost_repeats", 10,
+                                     "Timed calls per op for the op costs.")
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Runs and reports go here.")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SET_BY_COMPARE = {"strategy": "--strategies", "time_budget_s": "--budget_s",
-                  "model_dir": "--out_dir", "export_dir": "--out_dir"}
-PROBE_LOOPS = 3
-NEVER = 10**9
-RESULT_FILE = "result.json"
+_REPORT_DIR = flags.DEFINE_string(
+    "report_dir", None, "Also write the report, results and plots here "
+    "(e.g. docs/results/NAME); default: only --out_dir.")
 
 
-class RunError(RuntimeError):
-  """A train.train process failed; the message holds the end of its log."""
+def make_study(strategies, seeds, eval_points, jobs, out_dir):
+  """Checks every flag before the first run; the `Study`."""
+  for name, value, minimum in (("seeds", seeds, 1), ("jobs", jobs, 1),
+                               ("eval_points", eval_points, 2),
+                               ("cost_repeats", _COST_REPEATS.value, 1)):
+    config_lib.check_number(name, value, minimum=minimum, integer=True)
+  if not strategies or len(set(strategies)) != len(strategies):
+    raise ValueError(f"--strategies must name each strategy once. "
+                     f"Received: strategies={','.join(strategies)}")
+  overrides = study_lib.config_overrides(
+      {field.name: (not flags.FLAGS[field.name].using_default_value,
+                    flags.FLAGS[field.name].value)
+       for field in dataclasses.fields(config_lib.Config)})
+  config = dataclasses.replace(flags_lib.config_from_flags(),
+                               model_dir=out_dir)
+  if "eval_batches" not in overrides:  # the whole split
+    overrides["eval_batches"] = "none"
+    config = dataclasses.replace(config, eval_batches=None)
+  if config.train_steps is None:
+    raise ValueError(f"compare runs a fixed number of steps: set "
+                     f"--train_steps (preset {flags_lib.PRESET.value} has "
+                     "none). Received: train_steps=None")
+  for strategy in strategies:
+    config_lib.validate(dataclasses.replace(config, strategy=strategy))
+  every = study_lib.eval_every_steps(config.train_steps, eval_points,
+                                     config.steps_per_loop)
+  return study_lib.Study(
+      preset=flags_lib.PRESET.value, overrides=overrides,
+      strategies=tuple(strategies),
+      seeds=tuple(config.seed + i for i in range(seeds)),
+      train_steps=config.train_steps, eval_every_steps=every,
+      metric="perplexity" if config.is_text else "accuracy",
+      num_modules=config.num_modules, out_dir=out_dir, jobs=jobs)
 
 
-def config_overrides():
-  """{field: flag text} of the Config flags set; only a budget by default.
-
-  Without --train_steps or --epochs both flags are set to none here, so that
-  this process's Config and the runs' agree.
-  """
-  given = [field.name for field in dataclasses.fields(config_lib.Config)
-           if not flags.FLAGS[field.name].using_default_value]
-  for field in SET_BY_COMPARE:
-    if field in given:
-      raise ValueError(f"--{field} is set by compare; use "
-                       f"{SET_BY_COMPARE[field]}. Received: {field}="
-                       f"{flags.FLAGS[field].value!r}")
-  if "train_steps" not in given and "epochs" not in given:
-    flags.FLAGS.train_steps = flags.FLAGS.epochs = "none"
-    given += ["train_steps", "epochs"]
-  return {field: flags.FLAGS[field].value for field in given}
-
-
-def train_args(overrides, **run_flags):
-  """train.train's flags: the preset, the overrides, then `run_flags`."""
-  merged = {**overrides, **{k: str(v) for k, v in run_flags.items()}}
-  return [f"--preset={flags_lib.PRESET.value}"] + [
-      f"--{name}={value}" for name, value in merged.items()]
-
-
-def launch(args, log_path):
-  """Runs `python -m train.train args`, its output into `log_path`."""
-  print(f"  train.train {' '.join(shlex.quote(a) for a in args)}", flush=True)
-  tail = collections.deque(maxlen=20)
-  with tf.io.gfile.GFile(log_path, "w") as log:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "train.train", *args], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    for line in proc.stdout:
-      log.write(line)
-      tail.append(line)
-    proc.wait()
-  if proc.returncode:
-    raise RunError(f"train.train exited with {proc.returncode}; end of "
-                   f"{log_path}:\n{''.join(tail)}")
-
-
-def read_scalars(event_dir):
-  """{tag: [(step, wall_time, value)]} from a run's event files, by step."""
-  found = collections.defaultdict(list)
-  for path in glob.glob(os.path.join(event_dir, "events.out.tfevents.*")):
-    for event in event_file_loader.EventFileLoader(path).Load():
-      for value in event.summary.value:
-        found[value.tag].append(
-            (event.step, event.wall_time, float(tf.make_ndarray(
-                value.tensor))))
-  return {tag: sorted(points) for tag, points in found.items()}
-
-
-def eval_every_steps(step_s, interval_s, steps_per_loop):
-  """Whole loops between evaluations, so they fall every `interval_s`."""
-  return steps_per_loop * max(1, round(interval_s / (step_s * steps_per_loop)))
-
-
-def probe_step_time(overrides, strategy, out_dir, steps_per_loop):
-  """Seconds per step of `strategy`, from a short run (tracing excluded)."""
-  probe_dir = os.path.join(out_dir, f"probe_{strategy}")
-  if tf.io.gfile.exists(probe_dir):
-    tf.io.gfile.rmtree(probe_dir)
-  launch(train_args(overrides, strategy=strategy, model_dir=probe_dir,
-                    train_steps=PROBE_LOOPS * steps_per_loop, epochs="none",
-                    time_budget_s="none", eval_batches=1,
-                    eval_every_steps=NEVER, checkpoint_every_steps=NEVER),
-         os.path.join(out_dir, "logs", f"probe_{strategy}.log"))
-  times = read_scalars(os.path.join(probe_dir, "train"))["step_time_s"]
-  tf.io.gfile.rmtree(probe_dir)
-  return statistics.median(value for _, _, value in times[1:])
-
-
-def summarize_run(model_dir, metric):
-  """Steps, step time, final evaluation and curve of a finished run."""
-  train = read_scalars(os.path.join(model_dir, "train"))
-  evals = read_scalars(os.path.join(model_dir, "eval"))
-  step_times = train["step_time_s"]
-  # A run starts at step 0, so its first loop began step_time_s * step
-  # seconds before the first train event was written.
-  first_step, first_wall, first_time = step_times[0]
-  origin = first_wall - first_time * first_step
-  final_step = evals[f"final/{metric}"][-1][0]
-  heads = collections.defaultdict(dict)
-  for tag, points in evals.items():
-    head, name = tag.split("/", 1)
-    heads[head].update({name: v for step, _, v in points if step == final_step})
-  return {
-      "steps": step_times[-1][0],
-      # The first loop also traces the step function.
-      "median_step_s": statistics.median(
-          v for _, _, v in step_times[1:] or step_times),
-      "training_s": step_times[-1][1] - origin,
-      "eval": dict(sorted(heads.items(), key=lambda kv: _head_order(kv[0]))),
-      "curve": [{"step": step, "seconds": wall - origin, "value": value}
-                for step, wall, value in evals[f"final/{metric}"]],
-  }
-
-
-def _head_order(head):
-  """exit_1, exit_2, ..., final."""
-  return (head == "final", int(head.split("_")[1]) if "_" in head else 0)
-
-
-def write_json(path, value):
-  """Writes `value` to `path` atomically (a reader sees old or new)."""
-  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump(value, f, indent=2)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-
-
-def run_strategy(strategy, overrides, settings, config, out_dir):
-  """Trains one strategy unless its result exists; returns its result."""
-  model_dir = os.path.join(out_dir, strategy)
-  result_path = os.path.join(model_dir, RESULT_FILE)
-  if tf.io.gfile.exists(result_path):
-    with tf.io.gfile.GFile(result_path) as f:
-      result = json.load(f)
-    if result["settings"] != settings:
-      raise ValueError(f"{result_path} comes from other settings "
-                       f"{result['settings']}; use a new --out_dir. "
-                       f"Received: {settings}")
-    print(f"{strategy}: finished earlier, not rerun", flush=True)
-    return result
-  if tf.io.gfile.exists(model_dir):
-    print(f"{strategy}: restarting the unfinished run in {model_dir}")
-    tf.io.gfile.rmtree(model_dir)
-  every, probe_s = config.eval_every_steps, None
-  if "eval_every_steps" not in overrides:
-    probe_s = probe_step_time(overrides, strategy, out_dir,
-                              config.steps_per_loop)
-    every = eval_every_steps(probe_s, settings["eval_interval_s"],
-                             config.steps_per_loop)
-  print(f"{strategy}: {settings['budget_s']:g} s, evaluating every {every} "
-        "steps", flush=True)
-  launch(train_args(overrides, strategy=strategy, model_dir=model_dir,
-                    time_budget_s=settings["budget_s"],
-                    eval_every_steps=every),
-         os.path.join(out_dir, "logs", f"{strategy}.log"))
-  result = summarize_run(model_dir, settings["metric"])
-  result.update(settings=settings, eval_every_steps=every,
-                probe_step_s=probe_s)
-  write_json(result_path, result)
-  return result
-
-
-def add_speedups(results):
-  """speedup_vs_e2e: e2e's median step time over each strategy's."""
-  base = results.get("e2e", {}).get("median_step_s")
-  for row in results.values():
-    row["speedup_vs_e2e"] = base / row["median_step_s"] if base else None
-
-
-def report_markdown(summary):
-  """The table of results and the command that produced them."""
-  metric, results = summary["metric"], summary["strategies"]
-  exits = [h for h in next(iter(results.values()))["eval"] if h != "final"]
-  lines = [
-      f"# {summary['preset']}: {summary['budget_s']:g} s of training per "
-      "strategy", "",
-      f"Test {metric} of the last head and of each exit at the end of the "
-      "budget; curves in metric_vs_time.png.", "",
-      "| strategy | steps | median step (ms) | speedup vs e2e | "
-      f"final {metric} | " + " | ".join(exits) + " | eval points |",
-      "|" + "---|" * (6 + len(exits))]
-  for name, row in results.items():
-    speedup = row["speedup_vs_e2e"]
-    cells = [name, str(row["steps"]), f"{1e3 * row['median_step_s']:.1f}",
-             f"{speedup:.2f}x" if speedup else "-",
-             f"{row['eval']['final'][metric]:.4f}"]
-    cells += [f"{row['eval'][h][metric]:.4f}" for h in exits]
-    cells.append(str(len(row["curve"])))
-    lines.append("| " + " | ".join(cells) + " |")
-  lines += ["", "Command:", "", "```", summary["command"], "```", ""]
-  return "\n".join(lines)
-
-
-def plot(summary, path):
-  """Test metric vs wall-clock seconds, one line per strategy."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print(f"matplotlib is not installed: {path} not drawn")
-    return
-  figure, axes = pyplot.subplots(figsize=(7, 4.5))
-  for name, row in summary["strategies"].items():
-    axes.plot([p["seconds"] for p in row["curve"]],
-              [p["value"] for p in row["curve"]], marker="o", label=name)
-  axes.set_xlabel("wall-clock seconds of training")
-  axes.set_ylabel(f"test {summary['metric']} (last head)")
-  axes.set_title(f"{summary['preset']}: {summary['budget_s']:g} s per "
-                 "strategy")
-  axes.set_xlim(left=0)
-  axes.grid(alpha=0.3)
-  axes.legend()
-  buffer = io.BytesIO()
-  figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-  pyplot.close(figure)
-  with tf.io.gfile.GFile(path, "wb") as f:
-    f.write(buffer.getvalue())
-
-
-def compare(strategies, budget_s, eval_interval_s, out_dir, command):
-  """Runs (or reuses) every strategy and writes the three outputs."""
-  overrides = config_overrides()
-  config = flags_lib.config_from_flags()
-  for strategy in strategies:  # every error before the first run
-    config_lib.validate(dataclasses.replace(
-        config, strategy=strategy, time_budget_s=budget_s, model_dir=out_dir))
-  metric = "perplexity" if config.is_text else "accuracy"
-  settings = {"preset": flags_lib.PRESET.value, "overrides": overrides,
-              "budget_s": budget_s, "eval_interval_s": eval_interval_s,
-              "metric": metric}
-  tf.io.gfile.makedirs(os.path.join(out_dir, "logs"))
-  results = {s: run_strategy(s, overrides, settings, config, out_dir)
-             for s in strategies}
-  add_speedups(results)
-  summary = {"command": command, "preset": settings["preset"],
-             "budget_s": budget_s, "eval_interval_s": eval_interval_s,
-             "metric": metric, "overrides": overrides, "strategies": results}
-  write_json(os.path.join(out_dir, "results.json"), summary)
+def write_outputs(summary, out_dir):
+  """results.json, report.md and (unless --noplots) the PNGs in out_dir."""
+  tf.io.gfile.makedirs(out_dir)
+  if _PLOTS.value:
+    study_report.plot(summary, out_dir)
+  study_lib.write_json(os.path.join(out_dir, "results.json"), summary)
   with tf.io.gfile.GFile(os.path.join(out_dir, "report.md"), "w") as f:
-    f.write(report_markdown(summary))
-  plot(summary, os.path.join(out_dir, "metric_vs_time.png"))
+    f.write(study_report.report_markdown(summary))
+
+
+def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):
+  """Runs (or reuses) every run, then writes the outputs."""
+  study = make_study(strategies, seeds, eval_points, jobs, out_dir)
+  report_dir = _REPORT_DIR.value
+  if report_dir and paths.file_above(report_dir) is not None:
+    raise ValueError(f"--report_dir={report_dir} is or lies under the file "
+                     f"{paths.file_above(report_dir)}. Received: "
+                     f"report_dir={report_dir!r}")
+  if _PLOTS.value and not importlib.util.find_spec("matplotlib"):
+    raise ValueError("the plots need matplotlib (pip install matplotlib); "
+                     "or pass --noplots. Received: plots=True")
+  tf.io.gfile.makedirs(os.path.join(out_dir, "logs"))
+  costs = study_lib.measure_costs(study, _COST_REPEATS.value)
+  runs = study_lib.run_all(study)
+  cores_here = min(study.num_modules, os.cpu_count())
+  predicted = study_lib.predict_step_times(
+      costs, study.strategies, sorted({cores_here, study.num_modules}))
+  batches = study.overrides["eval_batches"]
+  summary = {
+      "command": command, "machine": study_report.machine(),
+      "preset": study.preset, "overrides": study.overrides,
+      "train_steps": study.train_steps, "seeds": list(study.seeds),
+      "eval_points": eval_points, "eval_every_steps": study.eval_every_steps,
+      "eval_split": "the whole evaluation split" if batches == "none" else
+                    f"{batches} batches of the evaluation split (NOT all)",
+      "metric": study.metric, "higher_is_better": study.metric == "accuracy",
+      "num_modules": study.num_modules, "cores_here": cores_here,
+      "jobs": jobs, "module_costs": costs,
+      "strategies": {s: study_lib.aggregate_runs(rows)
+                     for s, rows in runs.items()},
+  }
+  study_report.add_projection(summary, predicted, cores_here, target)
+  summary["plots"] = list(study_report.PLOTS) if _PLOTS.value else []
+  for name, row in summary["strategies"].items():
+    row["runs"] = runs[name]
+  for directory in dict.fromkeys([out_dir, _REPORT_DIR.value or out_dir]):
+    write_outputs(summary, directory)
 
 
 def main(argv):
@@ -296,9 +150,13 @@ def main(argv):
   command = "python -m train.compare " + " ".join(
       shlex.quote(a) for a in sys.argv[1:])
   try:
-    compare(_STRATEGIES.value, _BUDGET_S.value, _EVAL_INTERVAL_S.value,
-            _OUT_DIR.value, command)
-  except (ValueError, FileNotFoundError, RunError) as e:
+    blocker = paths.file_above(_OUT_DIR.value)
+    if blocker is not None:
+      raise ValueError(f"--out_dir={_OUT_DIR.value} is or lies under the "
+                       f"file {blocker}. Received: out_dir={_OUT_DIR.value!r}")
+    compare(_STRATEGIES.value, _SEEDS.value, _EVAL_POINTS.value, _JOBS.value,
+            _TARGET.value, _OUT_DIR.value, command)
+  except (ValueError, FileNotFoundError, study_lib.RunError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
   print(f"wrote {os.path.join(_OUT_DIR.value, 'report.md')}")

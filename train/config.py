@@ -9,8 +9,11 @@ field, the value and what is allowed.
 import dataclasses
 import importlib
 import json
+import math
 import os
 from typing import Optional, Tuple
+
+import tensorflow as tf
 
 from layers import resnet
 from tf_interlock import strategy as strategy_lib
@@ -24,6 +27,8 @@ SCHEDULES = ("constant", "step", "cosine")
 PLACEMENTS = ("single", "simulated", "gpu", "tpu")
 PRECISIONS = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
+VOCAB_KINDS = ("wordpiece", "char")
+AUX_HEADS = ("authors", "pool", "none")
 PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "cifar10_resnet",
            "cifar100_resnet", "lm1b_transformer", "synthetic_mlp")
 
@@ -83,6 +88,8 @@ class Config:
   # Output.
   model_dir: Optional[str] = None
   export_dir: Optional[str] = None
+  # Resume from this checkpoint ("ckpt-N") of model_dir/checkpoints.
+  resume_from: Optional[str] = None
 
   def to_json(self):
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -100,29 +107,81 @@ def load_preset(name):
   return importlib.import_module(f"train.presets.{name}").get_config()
 
 
-def _fail(field, value, allowed):
-  raise ValueError(f"--{field}={value!r} is invalid: {allowed}. "
-                   f"Received: {field}={value!r}")
+def fail(flag, value, allowed):
+  """Raises the one-line error of a bad flag value.
+
+  Args:
+    flag: the flag's name, without dashes.
+    value: the value received.
+    allowed: what the flag accepts, e.g. "must be > 0".
+
+  Raises:
+    ValueError: always, "--flag=value is invalid: allowed. Received: ...".
+  """
+  raise ValueError(f"--{flag}={value!r} is invalid: {allowed}. "
+                   f"Received: {flag}={value!r}")
 
 
-def _positive(config, *names, allow_none=False, minimum=1):
-  for name in names:
-    value = getattr(config, name)
-    if value is None and allow_none:
-      continue
-    if value is None or isinstance(value, bool) or value < minimum:
-      _fail(name, value, f"must be a number >= {minimum}")
+def check_choice(flag, value, allowed):
+  """Refuses a value outside `allowed` (a tuple of the accepted values)."""
+  if value not in allowed:
+    fail(flag, value, f"must be one of {tuple(allowed)}")
+
+
+def check_number(flag, value, *, minimum=None, maximum=None,
+                 above=None, below=None, integer=False, allow_none=False):
+  """Refuses anything but a finite number in the given bounds.
+
+  Args:
+    flag: the flag's name, without dashes.
+    value: the value received.
+    minimum, maximum: inclusive bounds (None: unbounded).
+    above, below: exclusive bounds (None: unbounded).
+    integer: the value must be an int.
+    allow_none: None (unset) is accepted.
+
+  Raises:
+    ValueError: naming the flag, the value and the allowed range.
+  """
+  if value is None and allow_none:
+    return
+  parts = [f">= {minimum}" if minimum is not None else None,
+           f"> {above}" if above is not None else None,
+           f"<= {maximum}" if maximum is not None else None,
+           f"< {below}" if below is not None else None]
+  wanted = ("an integer" if integer else "a finite number") + "".join(
+      f" {p}" for p in parts if p)
+  if (isinstance(value, bool) or
+      not isinstance(value, (int, float)) or
+      (integer and not isinstance(value, int)) or not math.isfinite(value) or
+      (minimum is not None and value < minimum) or
+      (maximum is not None and value > maximum) or
+      (above is not None and not value > above) or
+      (below is not None and not value < below)):
+    fail(flag, value, f"must be {wanted}")
+
+
+def check_positive(flag, value, *, integer=False, allow_none=False):
+  """Refuses anything but a finite number > 0 (an int >= 1 if `integer`)."""
+  if integer:
+    check_number(flag, value, minimum=1, integer=True, allow_none=allow_none)
+  else:
+    check_number(flag, value, above=0, allow_none=allow_none)
 
 
 def num_blocks(config):
-  """Blocks the network can be split between (None: any number)."""
+  """Blocks the network can be split between (None: any number).
+
+  The MLP has no fixed depth: its split is the number of hidden Dense layers
+  of each module (default one each).
+  """
   if config.model == "transformer":
     return config.num_layers
   if config.model == "resnet":
     key = config.resnet_preset.lower().replace("-", "").replace("_", "")
     if key not in resnet.PRESETS:
-      _fail("resnet_preset", config.resnet_preset,
-            f"must be one of {sorted(resnet.PRESETS)}")
+      fail("resnet_preset", config.resnet_preset,
+           f"must be one of {sorted(resnet.PRESETS)}")
     return sum(resnet.PRESETS[key][2])
   return None
 
@@ -132,73 +191,150 @@ def _network(config):
           f"{config.model}")
 
 
-def validate(config, num_replicas=1):
-  """Checks every field; raises ValueError with a one-line message.
+def check_batch(config, num_replicas):
+  """Refuses a batch that does not divide into replicas x microbatches."""
+  per_replica = config.batch_size / num_replicas
+  if per_replica != int(per_replica) or (
+      int(per_replica) % config.num_microbatches):
+    fail("batch_size", config.batch_size,
+         f"must divide into {num_replicas} replicas x "
+         f"{config.num_microbatches} microbatches")
 
-  Args:
-    config: the `Config`.
-    num_replicas: data-parallel replicas the batch is split over.
-  """
+
+def _check_choices(config):
   for field, allowed in (("model", MODELS), ("optimizer", OPTIMIZERS),
                          ("lr_schedule", SCHEDULES),
                          ("placement", PLACEMENTS),
                          ("mixed_precision", PRECISIONS),
                          ("on_nan", NAN_POLICIES),
                          ("variant", strategy_lib.VARIANTS),
+                         ("vocab_kind", VOCAB_KINDS),
+                         ("aux_head", AUX_HEADS),
                          ("dataset",
                           IMAGE_DATASETS + TEXT_DATASETS + SYNTHETIC)):
-    if getattr(config, field) not in allowed:
-      _fail(field, getattr(config, field), f"must be one of {allowed}")
+    check_choice(field, getattr(config, field), allowed)
   try:
     strategy_lib.parse_strategy(config.strategy, config.variant)
   except ValueError as e:
-    _fail("strategy", config.strategy, str(e).split(". Received")[0])
+    fail("strategy", config.strategy, str(e).split(". Received")[0])
   if config.model == "transformer" and not config.is_text:
-    _fail("dataset", config.dataset, "model=transformer needs a text "
-          f"dataset {TEXT_DATASETS}")
+    fail("dataset", config.dataset, "model=transformer needs a text "
+         f"dataset {TEXT_DATASETS}")
   if config.model != "transformer" and config.is_text:
-    _fail("model", config.model, f"dataset={config.dataset} needs "
-          "model=transformer")
-  _positive(config, "num_modules", "batch_size", "steps_per_loop",
-            "num_microbatches", "eval_every_steps", "checkpoint_every_steps",
-            "keep_checkpoints", "seq_len", "num_layers", "d_model",
-            "num_heads", "mlp_dim", "mlp_width", "vocab_size")
-  _positive(config, "train_steps", "eval_batches", allow_none=True)
-  _positive(config, "warmup_steps", minimum=0)
-  for name in ("epochs", "time_budget_s", "learning_rate"):
-    value = getattr(config, name)
-    if value is not None and not value > 0:
-      _fail(name, value, "must be > 0")
+    fail("model", config.model, f"dataset={config.dataset} needs "
+         "model=transformer")
+
+
+def _check_numbers(config):
+  for name in ("num_modules", "batch_size", "steps_per_loop",
+               "num_microbatches", "eval_every_steps",
+               "checkpoint_every_steps", "keep_checkpoints", "seq_len",
+               "num_layers", "d_model", "num_heads", "mlp_dim", "mlp_width",
+               "vocab_size"):
+    check_positive(name, getattr(config, name), integer=True)
+  for name in ("train_steps", "eval_batches"):
+    check_positive(name, getattr(config, name), integer=True,
+                   allow_none=True)
+  for name in ("epochs", "time_budget_s"):
+    check_positive(name, getattr(config, name), allow_none=True)
+  check_positive("learning_rate", config.learning_rate)
+  check_positive("resnet_width", config.resnet_width)
+  check_positive("lr_decay_factor", config.lr_decay_factor)
+  check_number("warmup_steps", config.warmup_steps, minimum=0, integer=True)
+  check_number("weight_decay", config.weight_decay, minimum=0)
+  # momentum 1 would never forget a gradient: the velocity grows unbounded.
+  check_number("momentum", config.momentum, minimum=0, below=1)
+  # numpy's seed (keras.utils.set_random_seed) takes 0 <= seed < 2**32.
+  check_number("seed", config.seed, minimum=0, maximum=2**32 - 1,
+               integer=True)
+  fractions = config.lr_decay_fractions
+  if any(not 0 < f < 1 for f in fractions) or list(fractions) != sorted(
+      fractions):
+    fail("lr_decay_fractions", ",".join(map(str, fractions)),
+         "must be increasing fractions of the run, each in (0, 1)")
+
+
+def _check_length(config):
+  """train_steps, epochs and time_budget_s: what bounds the run."""
+  if config.train_steps is not None and config.epochs is not None:
+    fail("epochs", config.epochs, f"give --epochs or --train_steps, not "
+         f"both (train_steps={config.train_steps})")
   if config.train_steps is None and config.epochs is None and (
       config.time_budget_s is None):
-    _fail("train_steps", None, "set train_steps, epochs or time_budget_s")
+    fail("train_steps", None, "set train_steps, epochs or time_budget_s")
+  if config.lr_schedule != "constant" and config.train_steps is None and (
+      config.epochs is None):
+    fail("lr_schedule", config.lr_schedule, "a decaying schedule needs "
+         "--train_steps or --epochs (a time budget alone gives no length)")
+  if config.train_steps is not None and (
+      config.warmup_steps >= config.train_steps):
+    fail("warmup_steps", config.warmup_steps,
+         f"must be < train_steps={config.train_steps}")
+
+
+def _check_split(config):
   blocks = num_blocks(config)
   if blocks is not None and config.num_modules > blocks:
-    _fail("num_modules", config.num_modules,
-          f"at most {blocks} modules: the {_network(config)} has {blocks} "
-          "blocks")
-  if config.split is not None:
-    if (len(config.split) != config.num_modules or min(config.split) < 1 or
-        (blocks is not None and sum(config.split) != blocks)):
-      _fail("split", ",".join(map(str, config.split)),
-            f"needs {config.num_modules} positive block counts adding up to "
-            f"the {blocks} blocks of the {_network(config)}")
-  per_replica = config.batch_size / num_replicas
-  if per_replica != int(per_replica) or (
-      int(per_replica) % config.num_microbatches):
-    _fail("batch_size", config.batch_size,
-          f"must divide into {num_replicas} replicas x "
-          f"{config.num_microbatches} microbatches")
+    fail("num_modules", config.num_modules,
+         f"at most {blocks} modules: the {_network(config)} has {blocks} "
+         "blocks")
+  if config.split is None:
+    return
+  if blocks is None:  # the MLP: any positive number of layers per module
+    if len(config.split) != config.num_modules or min(config.split) < 1:
+      fail("split", ",".join(map(str, config.split)),
+           f"needs {config.num_modules} positive counts of hidden layers, "
+           "one per module of the mlp")
+  elif (len(config.split) != config.num_modules or min(config.split) < 1 or
+        sum(config.split) != blocks):
+    fail("split", ",".join(map(str, config.split)),
+         f"needs {config.num_modules} positive block counts adding up to "
+         f"the {blocks} blocks of the {_network(config)}")
+
+
+def _check_directory(flag, path, may_create):
+  """A readable directory (or, if `may_create`, a new one it can make)."""
+  if not path:
+    return
+  if tf.io.gfile.exists(path):
+    if not tf.io.gfile.isdir(path):
+      fail(flag, path, "must be a directory, not a file")
+    if "://" not in path and not os.access(path, os.R_OK | os.X_OK):
+      fail(flag, path, "must be a readable directory")
+    return
+  if not may_create:
+    fail(flag, path, "must be an existing directory")
+  # TFDS prepares data into data_dir, so a new folder is fine when its
+  # parent is a writable directory.
+  parent = os.path.dirname(path.rstrip("/")) or "."
+  ancestor = parent
+  while ancestor not in ("", "/") and not tf.io.gfile.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if ancestor and tf.io.gfile.exists(ancestor) and not tf.io.gfile.isdir(
+      ancestor):
+    fail(flag, path, f"lies under {ancestor}, which is a file")
+  if "://" not in path and not (os.path.isdir(parent) and
+                                os.access(parent, os.W_OK)):
+    fail(flag, path, "must be a readable directory, or a new one in a "
+         "writable folder")
+
+
+def validate(config, num_replicas=1):
+  """Checks every field; raises ValueError with a one-line message.
+
+  Only the config is read: checks that need the data (sizes of the splits)
+  or the devices are `setup_lib.validate_for_run`'s.
+
+  Args:
+    config: the `Config`.
+    num_replicas: data-parallel replicas the batch is split over.
+  """
+  _check_choices(config)
+  _check_numbers(config)
+  _check_length(config)
+  _check_split(config)
+  check_batch(config, num_replicas)
   if config.placement == "tpu" and not config.tpu:
-    _fail("tpu", config.tpu, "placement=tpu needs --tpu (name or grpc://)")
-  if config.source_dir and not os.access(config.source_dir, os.R_OK):
-    _fail("source_dir", config.source_dir, "must be a readable directory")
-  data_dir = config.data_dir
-  if data_dir and not data_dir.startswith("gs://"):
-    # TFDS prepares data into data_dir, so a new folder is fine when its
-    # parent exists and is writable.
-    parent = os.path.dirname(os.path.abspath(data_dir))
-    if not (os.access(data_dir, os.R_OK) if os.path.exists(data_dir) else
-            os.access(parent, os.W_OK)):
-      _fail("data_dir", data_dir, "must be a readable directory, or a new "
-            "one in a writable folder")
+    fail("tpu", config.tpu, "placement=tpu needs --tpu (name or grpc://)")
+  _check_directory("source_dir", config.source_dir, may_create=False)
+  _check_directory("data_dir", config.data_dir, may_create=True)

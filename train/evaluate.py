@@ -1,12 +1,21 @@
 r"""Evaluates an exported SavedModel: `python -m train.evaluate`.
 
-  python -m train.evaluate --saved_model=/tmp/run/export \
-      --preset=fashion_mnist_resnet [--dataset=... --data_dir=...]
+  python -m train.evaluate --model_dir=/tmp/run       # its export
+  python -m train.evaluate --saved_model=/tmp/run/export [--data_dir=...]
 
-Prints one JSON line: loss and accuracy (or perplexity) and the number of
-examples, for the final head and for each early exit.
+The model and data come from the run: its config.json (--model_dir) or the
+configuration the export carries in its marker (--saved_model), so no
+--preset is needed; data flags (--data_dir, --source_dir, --eval_batches,
+--batch_size) still apply. An export without that record (written by
+`export_saved_model` directly) needs --preset. Prints one JSON line: loss and
+accuracy (or perplexity) and the number of examples, for the final head and
+for each early exit.
 """
 
+# First: quiets TF's logging before TensorFlow loads (see runtime_env).
+from train import runtime_env  # pylint: disable=unused-import
+
+import dataclasses
 import json
 import sys
 
@@ -14,23 +23,36 @@ from absl import app
 from absl import flags
 
 from tf_interlock import evaluation
+from train import config as config_lib
 from train import flags_lib
+from train import run_io
 from train import setup_lib
 
 _SAVED_MODEL = flags.DEFINE_string("saved_model", None, "Export dir.")
+# --model_dir is the Config flag of train/flags_lib.py: a training run whose
+# export (or --saved_model) is evaluated with the run's configuration.
+
+
+def _given_fields():
+  """Config fields set on the command line."""
+  return [f.name for f in dataclasses.fields(config_lib.Config)
+          if flags.FLAGS[f.name].present]
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
-    if not _SAVED_MODEL.value:
-      raise ValueError("--saved_model is required. Received: saved_model=None")
-    config = flags_lib.config_from_flags()
+    flag_config, given = flags_lib.config_from_flags(), _given_fields()
+    config, saved_model = run_io.evaluation_config(
+        _SAVED_MODEL.value,
+        flag_config.model_dir if "model_dir" in given else None,
+        flag_config, given, preset_given=flags.FLAGS["preset"].present)
     task = setup_lib.make_task(config, with_train=False)
     dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
         task.eval)
     results = evaluation.evaluate_saved_model(
-        _SAVED_MODEL.value, dataset,
+        saved_model, dataset,
         task="lm" if task.kind == "lm" else "classification")
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -19,7 +19,12 @@ _HELP = {
     "strategy": "e2e, local, pairwise or Nwise (2wise, 3wise, ...).",
     "variant": "only (the released rule) or sum.",
     "placement": "single, simulated (K logical CPUs), gpu or tpu.",
-    "split": "Comma-separated block counts per module; default balanced.",
+    "split": "Comma-separated block counts per module (model=mlp: hidden "
+             "layers per module); default balanced (mlp: 1 each).",
+    "epochs": "Train this many passes over the training split; replaces "
+              "the preset's train_steps (giving both flags is an error).",
+    "train_steps": "Train this many steps; replaces the preset's epochs "
+                   "(giving both flags is an error).",
     "time_budget_s": "Stop after this many seconds of training.",
     "on_nan": "stop (exit non-zero) or skip (roll back, move on).",
     "tpu": "Cloud TPU name or grpc:// address (placement=tpu).",
@@ -60,12 +65,32 @@ def _parse(field, text):
                      f"Received: {field.name}={text!r}") from None
 
 
+def given_flags():
+  """Names of the Config fields given on the command line."""
+  return {field.name for field in dataclasses.fields(config_lib.Config)
+          if _FIELD_FLAGS[field.name].value != _UNSET}
+
+
 def config_from_flags():
-  """The preset's `Config` with every flag given on the command line."""
+  """The preset's `Config` with every flag given on the command line.
+
+  --epochs and --train_steps each say how long to train: the one given
+  replaces the preset's other one, and giving both is an error.
+  """
   config = config_lib.load_preset(PRESET.value)
   overrides = {}
   for field in dataclasses.fields(config_lib.Config):
     text = _FIELD_FLAGS[field.name].value
     if text != _UNSET:
       overrides[field.name] = _parse(field, text)
+  given = given_flags()
+  if {"epochs", "train_steps"} <= given and None not in (
+      overrides["epochs"], overrides["train_steps"]):
+    config_lib.fail("epochs", overrides["epochs"], "give --epochs or "
+                    "--train_steps, not both (train_steps="
+                    f"{overrides['train_steps']})")
+  if "epochs" in given:
+    overrides.setdefault("train_steps", None)
+  if "train_steps" in given:
+    overrides.setdefault("epochs", None)
   return dataclasses.replace(config, **overrides)

@@ -5,7 +5,9 @@ evaluate and compare binaries.
 """
 
 import dataclasses
+import functools
 import os
+import threading
 from typing import Any, Optional
 
 import keras
@@ -18,9 +20,14 @@ from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock.data import images
 from tf_interlock.data import text
+from train import config as config_lib
 
 SYNTHETIC_DIM = 32
 SYNTHETIC_CLASSES = 10
+# Examples per split of the synthetic dataset.
+SYNTHETIC_SIZES = {"train": 4096, "eval": 1024}
+# Seconds the Cloud TPU name may take to resolve before the run gives up.
+TPU_RESOLVE_TIMEOUT_S = 300
 
 
 @dataclasses.dataclass
@@ -33,6 +40,7 @@ class Task:
   train: Optional[tf.data.Dataset]
   eval: tf.data.Dataset
   unigram_perplexity: Optional[float] = None
+  train_size: Optional[int] = None  # examples (text: packed sequences)
 
 
 def setup_runtime(config):
@@ -46,17 +54,86 @@ def setup_runtime(config):
       "mixed_bfloat16" if config.mixed_precision == "bfloat16" else "float32")
 
 
-def make_distribute(config):
-  """TPUStrategy (with K cores per replica), Mirrored on GPUs, or default."""
+def num_replicas(config):
+  """Data-parallel replicas the global batch is split over.
+
+  Known before the runtime starts except on a TPU, whose replica count
+  (cores / K) is known once connected: None there, and `make_distribute`
+  checks the batch then, still before anything is written.
+  """
   if config.placement == "tpu":
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu=config.tpu)
-    tf.config.experimental_connect_to_cluster(resolver)
-    topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+    return None
+  gpus = tf.config.list_physical_devices("GPU")
+  # make_distribute mirrors a "single" placement over every GPU.
+  return len(gpus) if config.placement == "single" and len(gpus) > 1 else 1
+
+
+def _unreachable(config, error):
+  first = (str(error).strip().splitlines() or [""])[0][:200]
+  config_lib.fail("tpu", config.tpu, f"cannot reach the TPU "
+                  f"({type(error).__name__}: {first})")
+
+
+@functools.lru_cache(maxsize=2)
+def _resolver(tpu):
+  """TPUClusterResolver(tpu) or the exception it raised; None on timeout.
+
+  The lookup asks the Cloud TPU API, which can hang without a network: it
+  runs in a daemon thread that the process may leave behind. Cached, so the
+  early check of `validate_for_run` and `make_distribute` resolve once.
+  """
+  result = {}
+
+  def resolve():
+    try:
+      result["resolver"] = tf.distribute.cluster_resolver.TPUClusterResolver(
+          tpu=tpu)
+    except Exception as e:  # pylint: disable=broad-except
+      result["error"] = e
+
+  thread = threading.Thread(target=resolve, daemon=True)
+  thread.start()
+  thread.join(TPU_RESOLVE_TIMEOUT_S)
+  return result.get("resolver", result.get("error"))
+
+
+def resolve_tpu(config):
+  """The TPUClusterResolver of --tpu.
+
+  Raises:
+    ValueError: one line naming --tpu when the name does not resolve
+      within TPU_RESOLVE_TIMEOUT_S.
+  """
+  resolver = _resolver(config.tpu)
+  if resolver is None:
+    config_lib.fail("tpu", config.tpu, f"the TPU did not resolve within "
+                    f"{TPU_RESOLVE_TIMEOUT_S} s; check the name or use "
+                    "grpc://host:port")
+  if isinstance(resolver, Exception):
+    _unreachable(config, resolver)
+  return resolver
+
+
+def make_distribute(config):
+  """TPUStrategy (with K cores per replica), Mirrored on GPUs, or default.
+
+  Raises:
+    ValueError: one line naming --tpu when the TPU cannot be reached, or
+      --batch_size when it does not divide over the TPU's replicas.
+  """
+  if config.placement == "tpu":
+    resolver = resolve_tpu(config)
+    try:
+      tf.config.experimental_connect_to_cluster(resolver)
+      topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (OSError, RuntimeError, ValueError, tf.errors.OpError) as e:
+      _unreachable(config, e)
     assignment = placement_lib.tpu_device_assignment(topology,
                                                      config.num_modules)
-    return tf.distribute.TPUStrategy(
+    distribute = tf.distribute.TPUStrategy(
         resolver, experimental_device_assignment=assignment)
+    config_lib.check_batch(config, distribute.num_replicas_in_sync)
+    return distribute
   gpus = tf.config.list_logical_devices("GPU")
   if config.placement == "single" and len(gpus) > 1:
     return tf.distribute.MirroredStrategy()
@@ -67,7 +144,7 @@ def _synthetic(config, training):
   """Gaussian clusters: learnable, generated, no files."""
   rng = np.random.default_rng(1234)
   centers = rng.normal(size=(SYNTHETIC_CLASSES, SYNTHETIC_DIM))
-  count = 4096 if training else 1024
+  count = SYNTHETIC_SIZES["train" if training else "eval"]
   labels = rng.integers(0, SYNTHETIC_CLASSES, size=count)
   x = centers[labels] + rng.normal(size=(count, SYNTHETIC_DIM)) * 1.5
   ds = tf.data.Dataset.from_tensor_slices(
@@ -77,10 +154,42 @@ def _synthetic(config, training):
   return ds.batch(config.batch_size, drop_remainder=True)
 
 
-def _text_corpus(config):
-  if config.dataset == "lm1b":
-    return text.TextCorpus(source="lm1b", data_dir=config.data_dir)
-  return text.TextCorpus(paths=config.source_dir or text.DEFAULT_TEXT_DIR)
+@functools.lru_cache(maxsize=4)
+def _text_data(dataset, data_dir, source_dir, vocab_kind, vocab_size):
+  """(corpus, vocabulary), built once per process: validation and
+  make_task share them, and with them the token counts `text` caches."""
+  if dataset == "lm1b":
+    corpus = text.TextCorpus(source="lm1b", data_dir=data_dir)
+  else:
+    corpus = text.TextCorpus(paths=source_dir or text.DEFAULT_TEXT_DIR)
+  vocab = text.get_vocabulary(
+      corpus, kind=vocab_kind, vocab_size=vocab_size,
+      cache_dir=os.path.join(data_dir, "vocab") if data_dir else None)
+  return corpus, vocab
+
+
+def _text(config):
+  return _text_data(config.dataset, config.data_dir, config.source_dir,
+                    config.vocab_kind, config.vocab_size)
+
+
+def split_sizes(config):
+  """(train, eval) examples of the dataset; packed sequences for text.
+
+  Synthetic and image sizes are static; text sizes count the tokens of
+  each split, so the corpus is read and its vocabulary learnt (or loaded).
+  """
+  if config.dataset == "synthetic":
+    return SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["eval"]
+  if config.is_text:
+    corpus, vocab = _text(config)
+    # lm_dataset packs the token stream (EOS after each document) into
+    # windows of seq_len + 1 tokens.
+    return tuple(
+        text.num_tokens(corpus, vocab, split) // (config.seq_len + 1)
+        for split in text.SPLITS)
+  info = images.dataset_info(config.dataset)
+  return info.splits["train"], info.splits[info.eval_split]
 
 
 def make_task(config, with_train=True):
@@ -91,16 +200,13 @@ def make_task(config, with_train=True):
     with_train: False leaves `Task.train` None (evaluation and export need
       no shuffled, repeated training pipeline).
   """
+  train_size, _ = split_sizes(config)
   if config.dataset == "synthetic":
     return Task("classification", SYNTHETIC_CLASSES, (SYNTHETIC_DIM,),
                 tf.float32, _synthetic(config, True) if with_train else None,
-                _synthetic(config, False))
+                _synthetic(config, False), train_size=train_size)
   if config.is_text:
-    corpus = _text_corpus(config)
-    vocab = text.get_vocabulary(
-        corpus, kind=config.vocab_kind, vocab_size=config.vocab_size,
-        cache_dir=os.path.join(config.data_dir, "vocab")
-        if config.data_dir else None)
+    corpus, vocab = _text(config)
     common = dict(batch_size=config.batch_size, seq_len=config.seq_len,
                   seed=config.seed, deterministic=config.deterministic)
     return Task(
@@ -109,7 +215,8 @@ def make_task(config, with_train=True):
         if with_train else None,
         text.lm_dataset(corpus, vocab, "validation", training=False,
                         **common),
-        unigram_perplexity=text.unigram_perplexity(corpus, vocab))
+        unigram_perplexity=text.unigram_perplexity(corpus, vocab),
+        train_size=train_size)
   info = images.dataset_info(config.dataset)
   common = dict(batch_size=config.batch_size, data_dir=config.data_dir,
                 source_dir=config.source_dir, seed=config.seed,
@@ -119,7 +226,9 @@ def make_task(config, with_train=True):
       images.image_dataset(config.dataset, "train", training=True,
                            augment=config.augment, **common)
       if with_train else None,
-      images.image_dataset(config.dataset, "test", training=False, **common))
+      images.image_dataset(config.dataset, info.eval_split,
+                           training=False, **common),
+      train_size=train_size)
 
 
 def make_modules(config, task):
@@ -135,10 +244,13 @@ def make_modules(config, task):
         task.num_classes, config.seq_len, config.num_layers, config.d_model,
         config.num_heads, config.mlp_dim, config.num_modules,
         split=list(config.split) if config.split else None)
+  # The MLP's split counts the hidden Dense layers of each module.
+  split = config.split or (1,) * config.num_modules
   modules = []
-  for k in range(config.num_modules):
+  for k, layers in enumerate(split):
     last = k == config.num_modules - 1
-    body = [keras.layers.Dense(config.mlp_width, activation="relu")]
+    body = [keras.layers.Dense(config.mlp_width, activation="relu")
+            for _ in range(layers)]
     if last:
       body.append(keras.layers.Dense(task.num_classes))
     head = None if last else keras.layers.Dense(task.num_classes)
@@ -146,34 +258,124 @@ def make_modules(config, task):
   return modules
 
 
-def total_steps(config, task_train_size=None):
-  """Training steps of the run (None when only a time budget bounds it)."""
+def total_steps(config, train_size=None):
+  """Training steps of the run (None when only a time budget bounds it).
+
+  Args:
+    config: the `Config`.
+    train_size: examples (text: packed sequences) of the training split;
+      None computes it (`split_sizes`).
+
+  Raises:
+    ValueError: naming --epochs when it gives less than one step.
+  """
   if config.train_steps is not None:
     return config.train_steps
-  if config.epochs is not None:
-    size = task_train_size or images.dataset_info(config.dataset).splits[
-        "train"]
-    return int(config.epochs * size // config.batch_size)
-  return None
+  if config.epochs is None:
+    return None
+  if train_size is None:
+    train_size, _ = split_sizes(config)
+  steps = int(config.epochs * train_size // config.batch_size)
+  if steps < 1:
+    config_lib.fail("epochs", config.epochs,
+                    f"gives {steps} steps: {config.epochs} x {train_size} "
+                    f"training examples / batch_size {config.batch_size}; "
+                    "at least one step is needed")
+  return steps
+
+
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+  """Linear warmup from 0 to `target`, then `after` (a schedule or a float)
+  evaluated from 0 again: lr(t) = target * t / w for t < w, else
+  after(t - w)."""
+
+  def __init__(self, target, warmup_steps, after):
+    self.target = target
+    self.warmup_steps = warmup_steps
+    self.after = after
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    warmup = tf.cast(self.warmup_steps, tf.float32)
+    rest = (self.after(step - warmup) if callable(self.after) else
+            tf.constant(self.after, tf.float32))
+    return tf.where(step < warmup, self.target * step / warmup, rest)
+
+  def get_config(self):
+    after = (keras.optimizers.schedules.serialize(self.after)
+             if callable(self.after) else self.after)
+    return {"target": self.target, "warmup_steps": self.warmup_steps,
+            "after": after}
 
 
 def learning_rate(config, steps):
-  """The LR schedule of every module: warmup, then constant/step/cosine."""
-  base = config.learning_rate
-  if config.lr_schedule == "constant" or steps is None:
+  """The LR schedule of every module: warmup, then constant/step/cosine.
+
+  With warmup_steps = w > 0 every schedule starts with w steps rising
+  linearly from 0 to learning_rate; the step and cosine decays then run
+  over the remaining steps - w steps (a constant stays constant).
+
+  Args:
+    config: the `Config`.
+    steps: total training steps; None (a time budget alone) only allows the
+      constant schedule (`config.validate`).
+  """
+  base, warmup = config.learning_rate, config.warmup_steps
+  decay_steps = None if steps is None else max(1, steps - warmup)
+  if config.lr_schedule == "constant" or decay_steps is None:
     schedule = base
   elif config.lr_schedule == "step":
     schedule = keras.optimizers.schedules.PiecewiseConstantDecay(
-        [int(f * steps) for f in config.lr_decay_fractions],
+        [int(f * decay_steps) for f in config.lr_decay_fractions],
         [base * config.lr_decay_factor ** i
          for i in range(len(config.lr_decay_fractions) + 1)])
-  elif config.warmup_steps:
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, max(1, steps - config.warmup_steps), warmup_target=base,
-        warmup_steps=config.warmup_steps)
   else:
-    schedule = keras.optimizers.schedules.CosineDecay(base, steps)
-  return schedule
+    schedule = keras.optimizers.schedules.CosineDecay(base, decay_steps)
+  return Warmup(base, warmup, schedule) if warmup else schedule
+
+
+def validate_for_run(config):
+  """Every check a run can make before it writes anything.
+
+  `config.validate` with the replica count of this machine, then (after
+  `setup_runtime`, which it calls) the checks that need the data or the
+  TPU's name: --tpu resolves, prepared image
+  files are whole, the evaluation split holds at least one full
+  batch, the training split too (text: a packed batch of batch_size x
+  (seq_len + 1) tokens), and --epochs gives at least one step.
+
+  Args:
+    config: the `Config` of the run.
+
+  Raises:
+    ValueError: one line naming the flag, its value and what is allowed.
+  """
+  config_lib.validate(config, num_replicas(config) or 1)
+  # Counting a corpus's tokens runs TF ops, which start the runtime: the
+  # process-wide settings come first (setup_runtime may run again later).
+  setup_runtime(config)
+  if config.placement == "tpu":
+    resolve_tpu(config)
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  if config.placement == "gpu" and gpus < config.num_modules:
+    config_lib.fail("placement", config.placement,
+                    f"one GPU per module (placement=gpu): "
+                    f"{config.num_modules} modules but {gpus} GPUs")
+  if config.dataset in config_lib.IMAGE_DATASETS:
+    images.check_prepared_dataset(config.dataset, data_dir=config.data_dir,
+                                  source_dir=config.source_dir)
+  train_size, eval_size = split_sizes(config)
+  unit = "sequences of seq_len + 1 tokens" if config.is_text else "examples"
+  for split, size in (("training", train_size), ("evaluation", eval_size)):
+    if size < config.batch_size:
+      flag = "seq_len" if config.is_text and size else "batch_size"
+      config_lib.fail(flag, getattr(config, flag),
+                      f"the {split} split of {config.dataset} holds {size} "
+                      f"{unit}, fewer than one batch of {config.batch_size}")
+  steps = total_steps(config, train_size)
+  if steps is not None and config.warmup_steps >= steps:
+    config_lib.fail("warmup_steps", config.warmup_steps,
+                    f"must be < the run's {steps} steps")
 
 
 def make_optimizer(config, steps):

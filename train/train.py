@@ -5,14 +5,24 @@ r"""Trains an interlocking network: `python -m train.train`.
 
 Rerunning the same command resumes from the latest checkpoint in model_dir.
 Every Config field is a flag (see train/config.py); --preset picks the base.
+One process trains a model_dir at a time (model_dir/lock.json); pass
+--break_lock=true only when its holder is known to be dead.
 """
+
+# First: quiets TF's logging before TensorFlow loads (see runtime_env).
+from train import runtime_env  # pylint: disable=unused-import
 
 import sys
 
 from absl import app
+from absl import flags
 
 from train import flags_lib
 from train import train_lib
+
+_BREAK_LOCK = flags.DEFINE_bool(
+    "break_lock", False, "Take over model_dir/lock.json although its holder "
+    "looks alive (it is known to be dead).")
 
 
 def main(argv):
@@ -20,9 +30,13 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
     config = flags_lib.config_from_flags()
-    train_lib.run(config)
+    train_lib.run(config, break_lock=_BREAK_LOCK.value)
   except (ValueError, FileNotFoundError, train_lib.TrainingError) as e:
     print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  except KeyboardInterrupt:
+    print("error: interrupted (SIGINT) before training started or during a "
+          "save; rerun to resume from the latest checkpoint", file=sys.stderr)
     sys.exit(1)
 
 

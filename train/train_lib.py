@@ -1,21 +1,19 @@
-"""The outer training loop: resume, train, log, evaluate, checkpoint, export.
+"""Training a run: check the run directory, lock it, train, export.
 
-Orbit-style: each iteration runs `steps_per_loop` steps in one
-`tf.function` call and reads the metrics back on the host, where they go to
-the console, TensorBoard and the NaN check. Checkpoints are written by
-`tf.train.CheckpointManager` (TF writes the data files first and the
-"checkpoint" index last, so a crash mid-write leaves the previous checkpoint
-as the latest); rerunning the same command resumes from the latest one.
+`run` is the train binary's entry. It first checks everything it can
+without writing (the configuration, the run directory's layout, its
+config.json, the checkpoint pointer, the export target), then locks
+model_dir and trains with a `Controller` (train/controller.py) whose
+actions (train/actions.py) print progress, write TensorBoard scalars,
+checkpoint, evaluate and handle NaNs, time budgets and SIGTERM/SIGINT.
+Checkpoints are written by `tf.train.CheckpointManager` (TF writes the data
+files first and the "checkpoint" pointer last, so a crash mid-write leaves
+the previous checkpoint as the latest); rerunning the same command resumes.
 """
 
 import json
-import math
-import os
-import signal
 import sys
-import time
 
-from absl import logging
 import keras
 import tensorflow as tf
 
@@ -23,58 +21,20 @@ from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from tf_interlock import losses
 from tf_interlock import placement as placement_lib
+from tf_interlock.run_dir import RunDir
+from tf_interlock.run_lock import RunLock
 from tf_interlock.trainer import InterlockTrainer
-from train import config as config_lib
+from train import actions as actions_lib
 from train import setup_lib
+from train.controller import Controller
 
 ARCHITECTURE_FIELDS = (
     "model", "resnet_preset", "resnet_width", "aux_head", "split",
     "num_modules", "vocab_kind", "vocab_size", "seq_len", "num_layers",
     "d_model", "num_heads", "mlp_dim", "mlp_width", "dataset", "optimizer")
-
-
-class TrainingError(RuntimeError):
-  """A run stopped on purpose (NaN, preemption); the message says why."""
-
-
-def check_model_dir(config):
-  """Refuses a model_dir whose checkpoint belongs to another architecture."""
-  path = os.path.join(config.model_dir, "config.json")
-  if not tf.io.gfile.exists(path):
-    return
-  with tf.io.gfile.GFile(path) as f:
-    saved = json.load(f)
-  current = json.loads(config.to_json())
-  for field in ARCHITECTURE_FIELDS:
-    if saved.get(field) != current.get(field):
-      raise ValueError(
-          f"--model_dir={config.model_dir} holds a run with {field}="
-          f"{saved.get(field)!r}; use a new model_dir or the same "
-          f"architecture. Received: {field}={current.get(field)!r}")
-
-
-def write_config(config):
-  tf.io.gfile.makedirs(config.model_dir)
-  tmp = os.path.join(config.model_dir, "config.json.tmp")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(config.to_json())
-  tf.io.gfile.rename(tmp, os.path.join(config.model_dir, "config.json"),
-                     overwrite=True)
-
-
-class _Preemption:
-  """Turns SIGTERM (the TPU preemption notice) into a flag the loop reads."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+# The checkpointed input pipeline position counts batches of this size.
+RESUME_FIELDS = ("batch_size",)
+TrainingError = actions_lib.TrainingError
 
 
 def _restore(checkpoint, path):
@@ -86,7 +46,7 @@ def _restore(checkpoint, path):
     checkpoint.restore(path).assert_existing_objects_matched()
   except (tf.errors.OpError, AssertionError, ValueError, IndexError,
           KeyError) as e:
-    first = str(e).strip().splitlines()[0][:200]
+    first = (str(e).strip().splitlines() or [""])[0][:200]
     raise TrainingError(
         f"cannot restore checkpoint {path} ({type(e).__name__}: {first}); "
         "it is corrupt or from another model. Nothing was changed; move it "
@@ -98,30 +58,6 @@ def _apply_hyperparameters(trainer, config):
   for opt in trainer.optimizers:
     if hasattr(opt.learning_rate, "assign"):  # a constant, not a schedule
       opt.learning_rate.assign(config.learning_rate)
-
-
-def _first_nonfinite(metrics):
-  for key in sorted(metrics):
-    if not math.isfinite(metrics[key]):
-      return key
-  return None
-
-
-def _progress_line(step, total, metrics, steps_per_s, examples_per_s, eta):
-  losses_text = " ".join(
-      f"L{key.split('/')[0].split('_')[1]}={value:.4f}"
-      for key, value in sorted(metrics.items()) if key.endswith("/loss"))
-  of = f"/{total}" if total else ""
-  eta_text = f" eta={eta:.0f}s" if eta is not None else ""
-  return (f"step {step}{of}: {steps_per_s:.2f} steps/s "
-          f"{examples_per_s:.0f} ex/s {losses_text}{eta_text}")
-
-
-def _write_scalars(writer, step, values):
-  with writer.as_default(step=step):
-    for key, value in values.items():
-      tf.summary.scalar(key, value)
-  writer.flush()
 
 
 def _learning_rates(trainer):
@@ -137,11 +73,6 @@ def evaluate(trainer, task, config):
   return evaluation.evaluate_modules(
       trainer.modules, dataset, losses.sparse_softmax_cross_entropy,
       losses.sparse_accuracy, task=task.kind)
-
-
-def _eval_scalars(results):
-  return {f"{head}/{name}": value for head, metrics in results.items()
-          for name, value in metrics.items() if name != "num_examples"}
 
 
 def build(config):
@@ -163,140 +94,143 @@ def build(config):
   return trainer, task, steps
 
 
-def train_and_evaluate(config, out=sys.stdout):
-  """Runs (or resumes) training; returns the final evaluation.
+def check_run(config, run):
+  """Everything about model_dir that can fail, checked before any write.
 
   Args:
-    config: a validated `Config` with `model_dir` set.
-    out: where progress lines go.
+    config: the validated `Config`.
+    run: its `RunDir`.
 
   Returns:
-    {"step": int, "eval": {head: metrics}, "export_dir": str or None}.
+    (checkpoint to resume from or None, normalized export path).
   """
-  trainer, task, steps = build(config)
+  run.check_layout()
+  current = json.loads(config.to_json())
+  run.check_same(current, ARCHITECTURE_FIELDS,
+                 "its checkpoints hold that architecture")
+  latest = run.latest_checkpoint(config.resume_from)
+  if latest is not None:
+    run.check_same(current, RESUME_FIELDS,
+                   "the checkpointed input position counts such batches")
+  export_dir = run.check_export_dir(config.export_dir)
+  return latest, export_dir
+
+
+def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
+          extra_actions=()):
+  """Trains (or resumes) a checked, locked run; returns its summary.
+
+  Args:
+    config: the validated `Config`.
+    built: (trainer, task, total steps) of `build(config)`.
+    run: its `RunDir`, checked by `check_run`.
+    latest: the checkpoint to resume from, or None.
+    export_dir: where the SavedModel goes.
+    lock: the held `RunLock` (renewed while training).
+    out: where progress lines go.
+    extra_actions: further controller actions, run before the preemption
+      check (e.g. a test's).
+
+  Returns:
+    {"step": int, "eval": {head: metrics}, "export_dir": str}.
+  """
+  trainer, task, steps = built
   global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                             name="global_step")
   iterator = iter(trainer.distribute_dataset(task.train))
   checkpoint = trainer.checkpoint(global_step=global_step, iterator=iterator)
   # The same objects without the data position: on_nan=skip restores this.
   model_checkpoint = trainer.checkpoint(global_step=global_step)
-  manager = tf.train.CheckpointManager(
-      checkpoint, os.path.join(config.model_dir, "checkpoints"),
-      max_to_keep=config.keep_checkpoints)
-  if manager.latest_checkpoint:
-    _restore(checkpoint, manager.latest_checkpoint)
+  if latest:
+    _restore(checkpoint, latest)
     _apply_hyperparameters(trainer, config)
-    logging.info("Resumed from %s at step %d", manager.latest_checkpoint,
-                 int(global_step))
-    print(f"resumed from {manager.latest_checkpoint} at step "
-          f"{int(global_step)}", file=out, flush=True)
-  write_config(config)
-  train_writer = tf.summary.create_file_writer(
-      os.path.join(config.model_dir, "train"))
-  eval_writer = tf.summary.create_file_writer(
-      os.path.join(config.model_dir, "eval"))
-  preemption = _Preemption()
+    run.repair_pointer(latest)  # a no-op unless --resume_from was needed
+    print(f"resumed from {latest} at step {int(global_step)}", file=out,
+          flush=True)
+  manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir,
+                                       max_to_keep=config.keep_checkpoints)
+  run.write_config(config.to_json())
+  run_id = run.run_id(create=True)
+
+  def rollback(path):
+    model_checkpoint.restore(path).expect_partial()
+    _apply_hyperparameters(trainer, config)
+    return int(global_step)
+
+  eval_writer = tf.summary.create_file_writer(run.eval_log_dir)
+  checkpointing = actions_lib.Checkpointing(
+      manager, config.checkpoint_every_steps,
+      saved_step=int(global_step) if latest else None)
+  evaluation_action = actions_lib.Evaluation(
+      lambda: evaluate(trainer, task, config), eval_writer,
+      config.eval_every_steps)
   # On a terminal a progress bar replaces the per-loop lines.
   progbar = (keras.utils.Progbar(steps, stateful_metrics=[
       f"L{k + 1}" for k in range(config.num_modules)])
              if steps and hasattr(out, "isatty") and out.isatty() else None)
-  start, step = time.monotonic(), int(global_step)
-  first_step, results = step, None
-  saved_step, eval_step = step if manager.latest_checkpoint else -1, -1
-  skipped = 0  # consecutive loops rolled back for non-finite values
+  preemption = actions_lib.Preemption(checkpointing)
+  loop_actions = [
+      actions_lib.StepVariable(global_step),
+      actions_lib.Progress(out, config.batch_size, progbar),
+      actions_lib.Summaries(tf.summary.create_file_writer(run.train_log_dir),
+                            config.batch_size,
+                            lambda: _learning_rates(trainer)),
+      checkpointing, evaluation_action, actions_lib.LockHeartbeat(lock),
+      *([actions_lib.TimeBudget(config.time_budget_s)]
+        if config.time_budget_s else []),
+      *extra_actions, preemption]
   try:
-    while steps is None or step < steps:
-      if config.time_budget_s and time.monotonic() - start >= (
-          config.time_budget_s):
-        break
-      n = config.steps_per_loop if steps is None else min(
-          config.steps_per_loop, steps - step)
-      loop_start = time.monotonic()
-      metrics = trainer.train_loop(iterator, n)
-      elapsed = time.monotonic() - loop_start
-      bad = _first_nonfinite(metrics)
-      if bad is not None:
-        skipped += 1
-        _handle_nonfinite(config, manager, model_checkpoint, bad, step, n,
-                          skipped, out)
-        _apply_hyperparameters(trainer, config)
-        step = int(global_step)
-        continue
-      skipped = 0
-      step += n
-      global_step.assign(step)
-      rate = (step - first_step) / max(time.monotonic() - start, 1e-9)
-      eta = (steps - step) / rate if steps and rate else None
-      if progbar is not None:
-        progbar.update(step, [(key.replace("module_", "L").split("/")[0],
-                               value) for key, value in sorted(
-                                   metrics.items()) if key.endswith("/loss")])
-      else:
-        print(_progress_line(step, steps, metrics, n / elapsed,
-                             n * config.batch_size / elapsed, eta),
-              file=out, flush=True)
-      _write_scalars(train_writer, step, {
-          **metrics, **_learning_rates(trainer),
-          "step_time_s": elapsed / n,
-          "examples_per_s": n * config.batch_size / elapsed})
-      if step % config.checkpoint_every_steps < n:
-        manager.save(checkpoint_number=step)
-        saved_step = step
-      if step % config.eval_every_steps < n:
-        results, eval_step = evaluate(trainer, task, config), step
-        _write_scalars(eval_writer, step, _eval_scalars(results))
-      if preemption.requested:
-        manager.save(checkpoint_number=step)
-        raise TrainingError(f"SIGTERM at step {step}: checkpoint saved to "
-                            f"{manager.latest_checkpoint}; rerun to resume")
+    step = Controller(
+        lambda n: trainer.train_loop(iterator, n), loop_actions,
+        start_step=int(global_step), total_steps=steps,
+        steps_per_loop=config.steps_per_loop,
+        guard=actions_lib.NanPolicy(config.on_nan, manager, rollback,
+                                    out)).run()
   finally:
     preemption.restore()
-  if saved_step != step:
-    manager.save(checkpoint_number=step)
-  if eval_step != step:
-    results = evaluate(trainer, task, config)
-    _write_scalars(eval_writer, step, _eval_scalars(results))
-  export_dir = config.export_dir or os.path.join(config.model_dir, "export")
   export_lib.export_saved_model(
       trainer.modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                      task.input_dtype),
-      export_dir, overwrite=True)
-  summary = {"step": step, "eval": results, "export_dir": export_dir}
+      export_dir, owner=run_id,
+      metadata={"model_dir": run.path, "config": json.loads(
+          config.to_json())})
+  summary = {"step": step, "eval": evaluation_action.results,
+             "export_dir": export_dir}
   if task.unigram_perplexity is not None:
     summary["unigram_perplexity"] = task.unigram_perplexity
   print(json.dumps(summary), file=out, flush=True)
   return summary
 
 
-MAX_SKIPS = 3
+def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
+  """Validates, checks and locks model_dir, then trains; the binary's entry.
 
+  Args:
+    config: the `Config` from the flags.
+    out: where progress lines go.
+    break_lock: take over model_dir's lock even if its holder looks alive.
+    extra_actions: see `train`.
 
-def _handle_nonfinite(config, manager, model_checkpoint, key, step, n,
-                      skipped, out):
-  """on_nan=stop: raise (the last good checkpoint stays the latest).
-
-  on_nan=skip: roll back to the last checkpoint and go on with the next
-  batches; after MAX_SKIPS loops in a row it stops as well.
+  Returns:
+    The summary of `train`.
   """
-  module = key.split("/")[0]
-  message = (f"non-finite {key.split('/')[1]} in {module} at steps "
-             f"{step + 1}..{step + n}")
-  if (config.on_nan == "stop" or manager.latest_checkpoint is None or
-      skipped > MAX_SKIPS):
-    raise TrainingError(f"{message}; stopped, last good checkpoint: "
-                        f"{manager.latest_checkpoint}")
-  # Restore model and optimizers, not the iterator: the bad batches are
-  # skipped, not replayed.
-  model_checkpoint.restore(manager.latest_checkpoint).expect_partial()
-  print(f"{message}; skipped: rolled back to {manager.latest_checkpoint}",
-        file=out, flush=True)
-
-
-def run(config, out=sys.stdout):
-  """Validates, sets up the runtime, then trains; the binary's entry."""
-  config_lib.validate(config)
+  setup_lib.validate_for_run(config)
   if not config.model_dir:
     raise ValueError("--model_dir is required. Received: model_dir=None")
-  check_model_dir(config)
+  run_dir = RunDir(config.model_dir)
+  check_run(config, run_dir)
   setup_lib.setup_runtime(config)
-  return train_and_evaluate(config, out)
+  built = build(config)  # data and model errors before model_dir is made
+  created = not run_dir.exists()
+  tf.io.gfile.makedirs(run_dir.path)
+  lock = RunLock(run_dir.lock_path)
+  try:
+    lock.acquire(break_lock=break_lock)
+    # Checked again under the lock: another run may have moved on.
+    latest, export_dir = check_run(config, run_dir)
+    return train(config, built, run_dir, latest, export_dir, lock, out,
+                 extra_actions)
+  finally:
+    lock.release()
+    if created and not tf.io.gfile.listdir(run_dir.path):
+      tf.io.gfile.rmtree(run_dir.path)  # made here for the lock only

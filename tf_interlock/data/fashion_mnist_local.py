@@ -16,9 +16,11 @@ import dataclasses
 import gzip
 import hashlib
 import os
+import logging
 import zlib
 from typing import Optional, Tuple
 
+from absl import logging as absl_logging
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -191,6 +193,18 @@ def make_config(source_dir: str, num_examples: Optional[Tuple[int, int]] = None
   return FashionMnistLocalConfig(
       name="dir_" + digest[:12], source_dir=source_dir,
       num_examples=num_examples, description=f"IDX files in {source_dir}")
+
+
+class _ExpectedConfigFilter(logging.Filter):
+  """Drops TFDS's "Using custom data configuration" warning for this
+  builder: a config per source_dir is how it is meant to be used."""
+
+  def filter(self, record):
+    return not record.getMessage().startswith(
+        "Using custom data configuration: FashionMnistLocalConfig")
+
+
+absl_logging.get_absl_logger().addFilter(_ExpectedConfigFilter())
 
 
 class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):

@@ -54,6 +54,12 @@ class ImageDatasetInfo:
   crop_padding: int
   flip: bool
 
+  @property
+  def eval_split(self) -> str:
+    """The held-out split evaluation reads ("test", or ImageNet's
+    "validation")."""
+    return "validation" if "validation" in self.splits else "test"
+
 
 _DATASETS = {
     info.name: info for info in (
@@ -173,6 +179,86 @@ def _num_examples(ds: tf.data.Dataset) -> Optional[int]:
   return 0 if next(iter(ds.take(1)), None) is None else None
 
 
+# TFRecord framing around each serialized example: a uint64 length, a uint32
+# CRC of the length, the example, a uint32 CRC of the example.
+_TFRECORD_OVERHEAD = 16
+
+
+def _builder_kwargs(tfds_name: str, source_dir: Optional[str]) -> dict:
+  if source_dir is None:
+    return {}
+  if tfds_name != "fashion_mnist_local":
+    raise ValueError(f"source_dir is only read by the fashion_mnist_local "
+                     f"builder, not {tfds_name!r}. "
+                     f"Received: source_dir={source_dir!r}")
+  return {"source_dir": source_dir}
+
+
+def check_prepared_dataset(name: str, *, data_dir: Optional[str] = None,
+                           source_dir: Optional[str] = None,
+                           tfds_name: Optional[str] = None) -> None:
+  """`check_prepared_files` on the training and evaluation splits of an
+  image dataset, before any pipeline is built; a dataset not prepared yet
+  has nothing to check.
+
+  Args:
+    name, data_dir, source_dir, tfds_name: as for `image_dataset`.
+
+  Raises:
+    ValueError: naming a damaged file.
+  """
+  info = dataset_info(name)
+  tfds_name = tfds_name or info.tfds_name
+  builder = tfds.builder(tfds_name, data_dir=data_dir,
+                         **_builder_kwargs(tfds_name, source_dir))
+  if builder.is_prepared():
+    check_prepared_files(builder, f"train+{info.eval_split}")
+
+
+def check_prepared_files(builder: tfds.core.DatasetBuilder,
+                         split: str) -> None:
+  """Refuses a prepared split whose TFRecord files are not as TFDS wrote them.
+
+  TFDS records each split's example count and serialized bytes, so its
+  files must hold num_bytes + 16 x num_examples bytes in all. A truncated
+  file would otherwise fail with a DataLossError only once training reads
+  that far. Only a mismatch reads the files, to name the damaged one.
+
+  Args:
+    builder: the prepared builder.
+    split: the split read, e.g. "train" or "test[:10%]".
+
+  Raises:
+    ValueError: naming the damaged file (or the split's folder).
+  """
+  if builder.info.file_format != tfds.core.FileFormat.TFRECORD:
+    return
+  for name in {part.split("[")[0] for part in split.split("+")}:
+    info = builder.info.splits[name] if name in builder.info.splits else None
+    if info is None or not int(info.num_bytes):
+      continue  # TFDS did not record the sizes: nothing to compare.
+    paths = [str(p) for p in info.filepaths]
+    sizes = [tf.io.gfile.stat(p).length if tf.io.gfile.exists(p) else -1
+             for p in paths]
+    expected = int(info.num_bytes) + _TFRECORD_OVERHEAD * info.num_examples
+    if sum(sizes) == expected and -1 not in sizes:
+      continue
+    bad = next((p for p, size in zip(paths, sizes) if size < 0), None)
+    for path in paths if bad is None else ():
+      try:
+        for _ in tf.data.TFRecordDataset(path):
+          pass
+      except tf.errors.OpError:
+        bad = path
+        break
+    what = (f"{bad} is missing, truncated or corrupt" if bad else
+            f"the {name} files under {builder.data_dir} hold {sum(sizes)} "
+            f"bytes, not the {expected} TFDS wrote")
+    raise ValueError(f"Prepared data is damaged: {what}; delete "
+                     f"{builder.data_dir} to prepare it again. "
+                     f"Received: split={name!r}")
+
+
 def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
                   data_dir: Optional[str] = None,
                   source_dir: Optional[str] = None,
@@ -217,13 +303,7 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
   """
   info = dataset_info(name)
   tfds_name = tfds_name or info.tfds_name
-  builder_kwargs = {}
-  if source_dir is not None:
-    if tfds_name != "fashion_mnist_local":
-      raise ValueError(f"source_dir is only read by the fashion_mnist_local "
-                       f"builder, not {tfds_name!r}. "
-                       f"Received: source_dir={source_dir!r}")
-    builder_kwargs["source_dir"] = source_dir
+  builder_kwargs = _builder_kwargs(tfds_name, source_dir)
   if seed is None:
     seed = random.SystemRandom().randrange(2**31)
   flip = info.flip if flip is None else flip
@@ -241,12 +321,17 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
         shuffle_files=training, download=download,
         builder_kwargs=builder_kwargs,
         decoders={"image": tfds.decode.SkipDecoding()},
-        read_config=tfds.ReadConfig(shuffle_seed=seed, options=options))
+        # No autocache: a run that stops mid-epoch, or an evaluation of
+        # eval_batches, would leave the cache partly read (TF warns).
+        read_config=tfds.ReadConfig(shuffle_seed=seed, options=options,
+                                    try_autocache=False))
   except ValueError as e:
     # TFDS rejects an empty slice such as "test[:0]" with a cryptic message.
     if "corresponds to no data" in str(e):
       raise empty_error from e
     raise
+  check_prepared_files(
+      tfds.builder(tfds_name, data_dir=data_dir, **builder_kwargs), split)
   num_examples = _num_examples(ds)
   if num_examples == 0:
     raise empty_error

@@ -15,6 +15,7 @@ duplicated entries never straddle it.
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -275,7 +276,8 @@ def get_vocabulary(corpus: TextCorpus, *, kind: str = "wordpiece",
     The Vocabulary, with `path` set to its cache file.
 
   Raises:
-    ValueError: If `kind` is unknown or vocab_size leaves no room for tokens.
+    ValueError: If `kind` is unknown, vocab_size leaves no room for tokens,
+      or (wordpiece) is smaller than the corpus's characters need.
   """
   _check_kind(kind)
   if vocab_size <= len(RESERVED_TOKENS):
@@ -295,6 +297,14 @@ def get_vocabulary(corpus: TextCorpus, *, kind: str = "wordpiece",
     tokens = bert_vocab_from_dataset.bert_vocab_from_dataset(
         docs, vocab_size, list(RESERVED_TOKENS),
         bert_tokenizer_params={"lower_case": lower_case})
+    # The learner always keeps every character (and its "##" form), so a
+    # small vocab_size yields more tokens than asked.
+    if len(tokens) > vocab_size:
+      raise ValueError(
+          f"vocab_size={vocab_size} is too small for a wordpiece vocabulary "
+          f"of this corpus: its characters alone take {len(tokens)} tokens; "
+          f"use vocab_size >= {len(tokens)} or kind='char'. "
+          f"Received: vocab_size={vocab_size}")
   else:
     tokens = list(RESERVED_TOKENS) + _learn_chars(docs, vocab_size, lower_case)
   os.makedirs(cache_dir, exist_ok=True)
@@ -369,14 +379,26 @@ def lm_dataset(corpus: TextCorpus, vocab: Vocabulary, split: str,
   return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+@functools.lru_cache(maxsize=8)
 def _token_counts(corpus: TextCorpus, vocab: Vocabulary, split: str,
                   max_documents: Optional[int]) -> np.ndarray:
-  """Counts each token id in a split, EOS tokens included."""
+  """Counts each token id in a split, EOS tokens included.
+
+  Cached per (corpus, vocabulary object, split): the sizes and the unigram
+  baseline of a run read the corpus once. Callers must not modify the
+  returned array.
+  """
   docs = corpus.documents(split, max_documents)
   counts = np.zeros(vocab.size, np.int64)
   for batch in _flat_ids(docs, vocab, 1024).as_numpy_iterator():
     counts += np.bincount(batch, minlength=vocab.size)
   return counts
+
+
+def num_tokens(corpus: TextCorpus, vocab: Vocabulary, split: str) -> int:
+  """Tokens of a split, one EOS per document included: the length of the
+  stream `lm_dataset` packs into windows of seq_len + 1."""
+  return int(_token_counts(corpus, vocab, split, None).sum())
 
 
 def unigram_perplexity(corpus: TextCorpus, vocab: Vocabulary, *,

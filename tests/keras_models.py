@@ -1,0 +1,45 @@
+"""Small Keras models, as a user would bring them, for the from_keras tests."""
+
+import keras
+import numpy as np
+
+from tf_interlock import placement as placement_lib
+
+
+def sequential_cnn(seed=0, size=28):
+  """Conv-BN-ReLU x 3 for size x size x 1, with non-initial BN statistics."""
+  keras.utils.set_random_seed(seed)
+  model = keras.Sequential([keras.Input((size, size, 1))] + [
+      layer for filters, strides in ((4, 1), (4, 2), (8, 2)) for layer in (
+          keras.layers.Conv2D(filters, 3, strides=strides, padding="same"),
+          keras.layers.BatchNormalization(), keras.layers.ReLU())] + [
+              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+  # Moving statistics away from their initial values: they must carry over.
+  for layer in model.layers:
+    if isinstance(layer, keras.layers.BatchNormalization):
+      layer.moving_mean.assign(np.full(layer.moving_mean.shape, 0.5))
+  return model
+
+
+def residual_model(seed=0, blocks=3):
+  """A functional ResNet-style model: a stem, residual blocks, a head."""
+  keras.utils.set_random_seed(seed)
+  inputs = keras.Input((8, 8, 3))
+  h = keras.layers.Conv2D(8, 3, padding="same", name="stem")(inputs)
+  for b in range(blocks):
+    y = keras.layers.Conv2D(8, 3, padding="same", activation="relu",
+                            name=f"b{b}_conv1")(h)
+    y = keras.layers.Conv2D(8, 3, padding="same", name=f"b{b}_conv2")(y)
+    h = keras.layers.ReLU(name=f"b{b}_out")(
+        keras.layers.Add(name=f"b{b}_add")([h, y]))
+  h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+  return keras.Model(inputs, keras.layers.Dense(5, name="logits")(h))
+
+
+def assert_on_devices(trainer, placement):
+  for k, (module, opt) in enumerate(zip(trainer.modules, trainer.optimizers)):
+    variables = module.weights + opt.variables
+    assert variables
+    for v in variables:
+      assert placement_lib.same_device(v.value.device, placement.devices[k]), (
+          k, v.path, v.value.device)

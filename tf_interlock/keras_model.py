@@ -1,0 +1,337 @@
+"""`InterlockModel`: interlocking training through Keras's compile and fit.
+
+A plain `keras.Model` over interlocking modules cannot train them: every
+module's input is cut with `stop_gradient` (Gomez et al., 2022,
+arXiv:2010.04116), so Keras's single tape gives every module but the last a
+None gradient and `fit` quietly updates the last module alone.
+`InterlockModel` keeps Keras's `fit` (epochs, callbacks, progress bar,
+History, validation) and replaces the function `fit` calls once per
+`steps_per_execution` batches with `InterlockTrainer.train_loop`: the same
+unrolled routed steps, one optimizer per module, the same overlap between
+modules as the trainer's own loop.
+
+What Keras sees under interlocking:
+* training logs: "loss" (and "accuracy") are the last module's, i.e. the
+  network's; "module_{k}/loss", "module_{k}/accuracy", "module_{k}/grad_norm"
+  are every module's (k = 1..K, the aux head's for k < K). Each is the mean
+  over the epoch so far.
+* evaluation (and "val_*" in fit): the same names, computed on the data with
+  every exit: module k's aux head for k < K, the network for "loss".
+* `predict(x, exit=k)` serves modules 1..k then aux head k; exit=None (the
+  default) or K serves the whole network.
+"""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+from tf_interlock import export as export_lib
+from tf_interlock import keras_fit
+from tf_interlock import placement as placement_lib
+from tf_interlock import strategy as strategy_lib
+from tf_interlock.trainer import InterlockTrainer
+
+
+@keras.saving.register_keras_serializable(package="tf_interlock")
+class InterlockModel(keras.Model):
+  """K interlocking modules trained with `compile`/`fit`.
+
+  Args:
+    modules: the K `InterlockModule`s in depth order (e.g. from
+      `keras_split.from_keras`), unbuilt so that each is created on its own
+      device.
+    strategy: "e2e", "local", "pairwise", "Nwise", an int window, or an
+      `InterlockStrategy`.
+    variant: "only" or "sum", as for `InterlockTrainer`.
+    placement: None, "single", "simulated", "gpu", "tpu" or a
+      `placement.Placement`: where module k's variables and ops live.
+    num_microbatches: M >= 1 microbatches per replica batch.
+    distribute: a `tf.distribute.Strategy`; defaults to the current one.
+    **kwargs: `keras.Model` arguments (`name`).
+  """
+
+  def __init__(self, modules, strategy="e2e", *, variant=None, placement=None,
+               num_microbatches=1, distribute=None, **kwargs):
+    super().__init__(**kwargs)
+    modules = list(modules)
+    if not modules:
+      raise ValueError("InterlockModel needs at least one module. "
+                       "Received: modules=[]")
+    self.interlock_modules = modules
+    self.interlock_strategy = strategy_lib.parse_strategy(strategy, variant)
+    self._distribute = distribute or tf.distribute.get_strategy()
+    self._distribute_strategy = self._distribute
+    if isinstance(placement, str):
+      placement = placement_lib.make_placement(placement, len(modules),
+                                               self._distribute)
+    if placement is not None and not isinstance(placement,
+                                                placement_lib.Placement):
+      raise ValueError(
+          f"placement must be None, one of {placement_lib.KINDS} or a "
+          f"Placement. Received: placement={placement!r}")
+    self.placement = placement
+    self.num_microbatches = num_microbatches
+    self.trainer = None
+    self._slots_built = False
+    self._input_dtype = None
+    self._fit_state = keras_fit.FitState()
+    self._predict_functions = {}
+
+  @property
+  def num_modules(self):
+    return len(self.interlock_modules)
+
+  def _scope(self, k):
+    if self.placement is None:
+      return contextlib.nullcontext()
+    return self.placement.scope(k)
+
+  # -- building -------------------------------------------------------------
+
+  def build(self, input_shape):
+    """Creates module k's weights under module k's device scope."""
+    dtype = self._input_dtype or "float32"
+    h = tf.zeros([1] + list(input_shape)[1:], dtype=dtype)
+    with self._distribute.scope():
+      for k, module in enumerate(self.interlock_modules):
+        with self._scope(k):
+          h = module(h, training=False)
+          if module.has_aux_head:
+            h = h[0]
+    self._build_trainer_slots(input_shape)
+
+  def _build_trainer_slots(self, input_shape):
+    """Builds the optimizers (and checks placement) once both exist."""
+    if self.trainer is not None and not self._slots_built:
+      dtype = self._input_dtype or "float32"
+      self.trainer.build(tf.zeros([1] + list(input_shape)[1:], dtype=dtype))
+      self._slots_built = True
+
+  def get_build_config(self):
+    if not self.built:
+      return None
+    return {"input_shape": self._build_shapes_dict["input_shape"],
+            "input_dtype": self._input_dtype or "float32"}
+
+  def build_from_config(self, config):
+    self._input_dtype = config.get("input_dtype")
+    self.build(config["input_shape"])
+
+  def _ensure_built(self, features):
+    features = tf.convert_to_tensor(features)
+    self._input_dtype = features.dtype.name
+    if not self.built:
+      self.build(features.shape)
+    else:
+      self._build_trainer_slots(features.shape)
+
+  def call(self, inputs, training=False):
+    return self._forward(inputs, None, training)
+
+  def _forward(self, inputs, exit_k, training=False):
+    """Modules 1..k, then aux head k (k < K) or the network's own output."""
+    last = self.num_modules if exit_k is None else exit_k
+    h = inputs
+    for k, module in enumerate(self.interlock_modules[:last]):
+      with self._scope(k):
+        h = module.body(h, training=training)
+        if k + 1 == last and last < self.num_modules:
+          h = module.aux_head(h, training=training)
+    return h
+
+  # -- compile and fit ------------------------------------------------------
+
+  def compile(self, optimizer="adam", loss=None, metrics=None,
+              steps_per_execution=1, **kwargs):
+    """Configures interlocking training.
+
+    Args:
+      optimizer: one Keras optimizer (cloned per module: the argument itself
+        is never updated), a name such as "adam", a list of K optimizers
+        (each cloned onto its module's device), or a callable
+        `k -> optimizer` (k = 0..K-1). Module k's optimizer also trains its
+        aux head.
+      loss: a loss name, a `keras.losses.Loss` (any reduction: its
+        per-example values are used) or a callable `(y_true, y_pred) ->
+        per-example loss [batch]`; None: sparse softmax cross-entropy on
+        logits. Every module's loss L_k applies it to its own logits.
+      metrics: None, or one metric: "accuracy", "sparse_categorical_accuracy",
+        "categorical_accuracy" or a per-example callable.
+      steps_per_execution: training steps unrolled into one `tf.function`
+        call (`InterlockTrainer.train_loop`'s `steps_per_loop`).
+      **kwargs: other `keras.Model.compile` arguments are not supported and
+        raise.
+    """
+    if kwargs:
+      raise ValueError(
+          f"InterlockModel.compile takes optimizer, loss, metrics and "
+          f"steps_per_execution only. Received: {sorted(kwargs)}")
+    factory = keras_fit.optimizer_factory(optimizer, self.num_modules)
+    loss_fn = keras_fit.per_example_loss(loss)
+    metric_fn = keras_fit.per_example_metric(metrics)
+    super().compile(optimizer=None, loss=None, metrics=None,
+                    steps_per_execution=steps_per_execution,
+                    jit_compile=False, run_eagerly=False)
+    self.trainer = InterlockTrainer(
+        self.interlock_modules, factory, self.interlock_strategy,
+        loss_fn=loss_fn, metric_fn=metric_fn, distribute=self._distribute,
+        placement=self.placement, steps_per_loop=steps_per_execution,
+        num_microbatches=self.num_microbatches)
+    # Named attributes: Keras saves (and BackupAndRestore restores) each
+    # module's optimizer state with the model's weights.
+    for k, opt in enumerate(self.trainer.optimizers, start=1):
+      setattr(self, f"module_optimizer_{k}", opt)
+    self._loss_fn, self._metric_fn = loss_fn, metric_fn
+    # Keras locks a built layer's state; compiling a built (or loaded)
+    # model adds the evaluation trackers, which hold no weights to save.
+    locked = self._tracker.locked
+    self._tracker.unlock()
+    try:
+      self._eval_trackers = keras_fit.eval_trackers(
+          self.interlock_modules, metric_fn is not None)
+    finally:
+      if locked:
+        self._tracker.lock()
+    self._interlock_compile_config = keras_fit.compile_config(
+        optimizer, loss, metrics, steps_per_execution)
+    self._slots_built = False
+    if self.built:
+      self._build_trainer_slots(self._build_shapes_dict["input_shape"])
+
+  def get_compile_config(self):
+    if self.trainer is None or self._interlock_compile_config is None:
+      return {}
+    return keras.saving.serialize_keras_object(
+        self._interlock_compile_config)
+
+  def compile_from_config(self, config):
+    self.compile(**keras.saving.deserialize_keras_object(config))
+
+  @property
+  def metrics(self):
+    return list(getattr(self, "_eval_trackers", []))
+
+  def make_train_function(self, force=False):
+    if self.train_function is None or force:
+      self.train_function = self._fit_state.train_function(self)
+    return self.train_function
+
+  def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
+          callbacks=None, validation_split=0.0, validation_data=None,
+          shuffle=True, class_weight=None, sample_weight=None,
+          initial_epoch=0, steps_per_epoch=None, **kwargs):
+    """`keras.Model.fit`, each call running `steps_per_execution` steps.
+
+    x, y may be arrays (batches of `batch_size`, default 32; the last
+    `len(x) % batch_size` examples of each shuffled epoch are skipped, as
+    every step needs a full batch) or a `tf.data.Dataset` of
+    `(features, labels)` with fixed-size batches (`drop_remainder=True`).
+    An infinite dataset needs `steps_per_epoch`. `class_weight` and
+    `sample_weight` are not supported. Other arguments are Keras's.
+
+    Returns:
+      The `History`: the per-epoch logs described in the module docstring.
+    """
+    if self.trainer is None:
+      raise ValueError("Call compile() before fit(). Received: "
+                       "compiled=False")
+    for name, value in (("class_weight", class_weight),
+                        ("sample_weight", sample_weight)):
+      if value is not None:
+        raise ValueError(f"InterlockModel.fit does not support {name}. "
+                         f"Received: {name}={type(value).__name__}")
+    dataset, steps, keras_steps, validation_data = (
+        keras_fit.training_dataset(x, y, batch_size, shuffle,
+                                   steps_per_epoch, validation_split,
+                                   validation_data))
+    features, _ = next(iter(dataset))
+    self._ensure_built(features)
+    self._fit_state.start(steps)
+    callbacks = keras_fit.callback_list(callbacks, self, self._fit_state,
+                                        epochs=epochs, verbose=verbose)
+    kwargs.setdefault("validation_batch_size", batch_size)
+    return super().fit(dataset, epochs=epochs, verbose=verbose,
+                       callbacks=callbacks, shuffle=False, validation_data=validation_data,
+                       initial_epoch=initial_epoch,
+                       steps_per_epoch=keras_steps, **kwargs)
+
+  def test_step(self, data):
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+    return keras_fit.update_eval_trackers(self, x, y)
+
+  def predict_step(self, data):
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    return self._forward(x, self._predict_exit, training=False)
+
+  _predict_exit = None
+
+  def predict(self, x, batch_size=None, verbose="auto", steps=None,
+              callbacks=None, exit=None):  # pylint: disable=redefined-builtin
+    """`keras.Model.predict` of the network, or of early exit `exit` = k.
+
+    Args:
+      x, batch_size, verbose, steps, callbacks: as for Keras.
+      exit: None or K for the network's output; k < K for modules 1..k then
+        aux head k.
+
+    Returns:
+      Numpy logits.
+    """
+    exit = keras_fit.check_exit(self.interlock_modules, exit)
+    self._predict_exit = exit
+    self.predict_function = self._predict_functions.get(exit)
+    try:
+      out = super().predict(x, batch_size=batch_size, verbose=verbose,
+                            steps=steps, callbacks=callbacks)
+    finally:
+      self._predict_functions[exit] = self.predict_function
+      self._predict_exit = None
+    return out
+
+  def export_saved_model(self, export_dir, **kwargs):
+    """Writes the device-free SavedModel with one signature per exit.
+
+    Args:
+      export_dir: directory to create (local path or URL).
+      **kwargs: passed on to `tf_interlock.export.export_saved_model`.
+
+    Returns:
+      The export's path.
+    """
+    if not self.built:
+      raise ValueError("Build or fit the model before exporting it. "
+                       "Received: built=False")
+    shape = self._build_shapes_dict["input_shape"]
+    spec = tf.TensorSpec([None] + list(shape)[1:],
+                         self._input_dtype or "float32")
+    return export_lib.export_saved_model(self.interlock_modules, spec,
+                                         export_dir, **kwargs)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(
+        modules=[keras.saving.serialize_keras_object(m)
+                 for m in self.interlock_modules],
+        strategy=self.interlock_strategy.name,
+        placement=None if self.placement is None else self.placement.kind,
+        num_microbatches=self.num_microbatches)
+    return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    distribute = tf.distribute.get_strategy()
+    placement = config.pop("placement")
+    if placement is not None:
+      placement = placement_lib.make_placement(
+          placement, len(config["modules"]), distribute)
+    modules = []
+    # Keras builds a deserialized layer right away from its saved build
+    # config: deserialize module k under module k's device scope.
+    for k, module in enumerate(config.pop("modules")):
+      with (contextlib.nullcontext() if placement is None
+            else placement.scope(k)):
+        modules.append(keras.saving.deserialize_keras_object(module))
+    return cls(modules, placement=placement, distribute=distribute, **config)
+

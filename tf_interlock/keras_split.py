@@ -1,0 +1,454 @@
+"""Splits an existing Keras model depthwise into interlocking modules.
+
+`from_keras` turns a `keras.Sequential` or a functional model into K
+`InterlockModule`s (Gomez et al., 2022, arXiv:2010.04116, Sec. 3): module k
+holds the layers between two cuts, every module but the last gets an
+auxiliary head A_k, and the last one ends with the model's own output.
+
+Interlocking moves exactly one activation h_k forward and one cotangent
+dL/dh_k back across each module boundary, so a cut is only allowed where a
+single tensor crosses it: between two residual blocks, not inside one (the
+skip connection would be a second tensor).
+
+The user's model is already built, so its weights live wherever they were
+created (usually CPU:0), and a later device scope does not move them. The
+modules therefore hold each piece's *config*, not its layers: a
+`KerasSegment` creates fresh layers when the module is first built, inside
+module k's device scope, and only then copies the source weights in. Weights
+are copied once, at that first build, from a snapshot taken by `from_keras`.
+"""
+
+import json
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from layers.aux_heads import make_conv_aux_head
+from layers.interlock_module import InterlockModule
+from tf_interlock import partition
+
+BALANCE_MODES = ("flops", "params", "time")
+AUX_HEAD_KINDS = ("linear", "authors")
+
+
+@keras.saving.register_keras_serializable(package="tf_interlock")
+class KerasSegment(keras.layers.Layer):
+  """A piece of a functional model, re-created from its config at build.
+
+  Args:
+    model_config: `get_config()` of the functional sub-model (its own
+      InputLayer first).
+    initial_weights: optional {layer name: that layer's `get_weights()`},
+      copied into the new layers right after the build.
+    **kwargs: base `keras.layers.Layer` arguments.
+
+  Call arguments: inputs, the piece's input tensor; training, a Python bool.
+  """
+
+  def __init__(self, model_config, initial_weights=None, **kwargs):
+    super().__init__(**kwargs)
+    # Kept as text: Keras wraps a dict attribute in a tracking container
+    # that serializes as {}.
+    self._model_json = json.dumps(model_config)
+    self._initial_weights = initial_weights
+    self.model = None
+
+  def build(self, input_shape):
+    # from_config calls the new layers on a symbolic input: their weights
+    # are created here, under the caller's (module k's) device scope.
+    self.model = keras.Model.from_config(self.model_config)
+    if self._initial_weights is not None:
+      for layer_name, values in self._initial_weights.items():
+        self.model.get_layer(layer_name).set_weights(values)
+      self._initial_weights = None
+
+  @property
+  def model_config(self):
+    return json.loads(self._model_json)
+
+  def call(self, inputs, training=False):
+    return self.model(inputs, training=training)
+
+  def compute_output_shape(self, input_shape):
+    if self.model is None:
+      return keras.Model.from_config(self.model_config).compute_output_shape(
+          input_shape)
+    return self.model.compute_output_shape(input_shape)
+
+  def get_config(self):
+    config = super().get_config()
+    config["model_config"] = self.model_config
+    return config
+
+
+def _graph(model):
+  """The functional graph of a Sequential or functional model, checked.
+
+  Returns:
+    (graph, layers, nodes): the `Functional` holding the layer graph, its
+    layers without InputLayers in topological order, and each layer's one
+    node in this graph.
+  """
+  if not isinstance(model, keras.Model):
+    raise TypeError(f"from_keras needs a keras.Sequential or a functional "
+                    f"keras.Model. Received: model={model!r}")
+  graph = getattr(model, "_functional", None) if isinstance(
+      model, keras.Sequential) else model
+  if graph is None or not hasattr(graph, "_nodes"):
+    raise ValueError(
+        f"from_keras needs a model with a layer graph: a Sequential starting "
+        f"with keras.Input(...) or a functional model (a subclassed model "
+        f"has no graph to cut). Received: model={model.name!r}")
+  if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+    raise ValueError(
+        f"from_keras splits models with one input and one output. Received: "
+        f"{len(graph.inputs)} inputs and {len(graph.outputs)} outputs in "
+        f"model={model.name!r}")
+  layers, nodes = [], []
+  for layer in graph.operations:
+    if isinstance(layer, keras.layers.InputLayer):
+      continue
+    # Only this graph's nodes count: the same layer may also sit in others.
+    own = [node for i, node in enumerate(layer._inbound_nodes)
+           if f"{id(layer)}_ib-{i}" in graph._nodes]
+    if len(own) != 1:
+      raise ValueError(
+          f"Layer {layer.name!r} is called {len(own)} times in the model "
+          f"(shared weights); from_keras cannot place one layer on two "
+          f"devices. Received: model={model.name!r}")
+    layers.append(layer)
+    nodes.append(own[0])
+  return graph, layers, nodes
+
+
+def _crossings(nodes, model_input, model_output):
+  """For each cut after layer i, the tensors that cross it.
+
+  A tensor made by layer p (p = -1: the model input) and read by layer j
+  (j = len(nodes): the model output) crosses every cut p <= c < j.
+
+  Returns:
+    A list of len(nodes) - 1 lists of (tensor, producer, consumer names).
+  """
+  position = {id(model_input): (-1, "input")}
+  for i, node in enumerate(nodes):
+    for t in node.output_tensors:
+      position[id(t)] = (i, node.operation.name)
+  reads = [(t, j, node.operation.name) for j, node in enumerate(nodes)
+           for t in node.input_tensors]
+  reads.append((model_output, len(nodes), "output"))
+  crossing = [{} for _ in range(len(nodes) - 1)]
+  for tensor, j, consumer in reads:
+    p, producer = position[id(tensor)]
+    for c in range(max(p, 0), min(j, len(nodes) - 1)):
+      crossing[c].setdefault(id(tensor), (tensor, producer, consumer))
+  return [list(c.values()) for c in crossing]
+
+
+def _rewire(value, old, new):
+  """Copies a layer config, pointing references to tensor `old` at `new`."""
+  if isinstance(value, dict):
+    if value.get("class_name") == "__keras_tensor__":
+      history = list(value["config"]["keras_history"])
+      if history[0] == old[0] and history[2] == old[2]:
+        value = dict(value, config=dict(value["config"], keras_history=new))
+      return value
+    return {key: _rewire(v, old, new) for key, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_rewire(v, old, new) for v in value]
+  return value
+
+
+def _history(config, producer, tensor_index):
+  """[name, node index, tensor index] of a tensor as the config refers to it."""
+  found = []
+
+  def walk(value):
+    if isinstance(value, dict):
+      if value.get("class_name") == "__keras_tensor__":
+        history = list(value["config"]["keras_history"])
+        if history[0] == producer and history[2] == tensor_index:
+          found.append(history)
+      for v in value.values():
+        walk(v)
+    elif isinstance(value, (list, tuple)):
+      for v in value:
+        walk(v)
+  walk(config)
+  return found[0]
+
+
+def _one_tensor(refs):
+  """[[name, node, tensor]]: Keras writes a single input or output flat."""
+  return [list(refs)] if isinstance(refs[0], str) else [list(r) for r in refs]
+
+
+def _segment_config(config, layers, start, stop, t_in, name):
+  """The functional config of layers[start:stop], fed by tensor `t_in`.
+
+  Built from the whole model's config, so the user's model is not touched
+  (creating a sub-model from its tensors would add nodes to its layers).
+  """
+  names = {layer.name for layer in layers[start:stop]}
+  by_name = {c["name"]: c for c in config["layers"]}
+  if start == 0:
+    input_layers = _one_tensor(config["input_layers"])
+    input_name = input_layers[0][0]
+    inputs = [by_name[input_name]]
+  else:
+    producer, _, tensor_index = t_in._keras_history
+    old = _history(config, producer.name, tensor_index)
+    input_name = f"{name}_input"
+    inputs = [{
+        "module": "keras.layers", "class_name": "InputLayer",
+        "registered_name": None, "name": input_name, "inbound_nodes": [],
+        "config": {"batch_shape": list(t_in.shape), "dtype": t_in.dtype,
+                   "name": input_name}}]
+    input_layers = [[input_name, 0, 0]]
+  body = [by_name[n] for n in by_name if n in names]
+  if start > 0:
+    body = _rewire(body, old, [input_name, 0, 0])
+  if stop == len(layers):
+    output_layers = _one_tensor(config["output_layers"])
+  else:
+    out = layers[stop - 1]
+    output_layers = [_history(config, out.name, 0)]
+  return {"name": name, "trainable": True, "layers": inputs + body,
+          "input_layers": input_layers, "output_layers": output_layers}
+
+
+def _dense_like_flops(layer, in_shape, out_shape):
+  """2 x multiply-adds of one example for the dense and conv layers."""
+  if isinstance(layer, keras.layers.Dense):
+    return 2 * int(np.prod(in_shape[1:])) * layer.units
+  if isinstance(layer, keras.layers.DepthwiseConv2D):
+    return (2 * int(np.prod(out_shape[1:])) * int(np.prod(layer.kernel_size)))
+  if isinstance(layer, keras.layers.SeparableConv2D):
+    depthwise = 2 * int(np.prod(out_shape[1:-1])) * in_shape[-1] * int(
+        np.prod(layer.kernel_size)) * layer.depth_multiplier
+    return depthwise + 2 * int(np.prod(out_shape[1:-1])) * (
+        in_shape[-1] * layer.depth_multiplier * out_shape[-1])
+  if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D,
+                        keras.layers.Conv3D)):
+    # Each output value: kernel volume x input channels per group MACs.
+    return 2 * int(np.prod(out_shape[1:])) * int(
+        np.prod(layer.kernel_size)) * in_shape[-1] // layer.groups
+  return 0
+
+
+def layer_flops(layer, node=None):
+  """Estimated forward FLOPs of one example through a built layer.
+
+  Dense and convolution layers count 2 x multiply-adds; a layer with a
+  `flops(input_shape)` method (e.g. `layers.resnet` blocks) reports its own;
+  a nested model sums its layers; anything else (BN, activations, pooling,
+  additions: a few operations per activation) counts 0.
+
+  Args:
+    layer: a layer of a built functional or Sequential model.
+    node: the layer's node in that model; defaults to its first one.
+
+  Returns:
+    An int.
+  """
+  node = node or layer._inbound_nodes[0]
+  in_shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
+  out_shape = tuple(node.output_tensors[0].shape)
+  if hasattr(layer, "flops"):
+    return int(layer.flops(in_shape[1:]))
+  if isinstance(layer, keras.Model) and hasattr(layer, "layers"):
+    return sum(layer_flops(inner) for inner in layer.layers
+               if not isinstance(inner, keras.layers.InputLayer))
+  return int(_dense_like_flops(layer, in_shape, out_shape))
+
+
+def _timed_costs(pieces, sample):
+  """Median forward seconds of each piece on `sample`, one piece at a time.
+
+  Each piece is re-created from its config with fresh weights: timing does
+  not depend on the weights' values, and the user's model stays untouched.
+  """
+  h, costs = tf.convert_to_tensor(sample), []
+  for config in pieces:
+    piece = keras.Model.from_config(config)
+    run = tf.function(lambda x, p=piece: p(x, training=False))
+    h_next = run(h)  # Traces and warms up.
+    times = []
+    for _ in range(5):
+      start = time.perf_counter()
+      run(h).numpy()
+      times.append(time.perf_counter() - start)
+    costs.append(float(np.median(times)))
+    h = h_next
+  return costs
+
+
+def _make_aux_head(aux_head, k, shape, num_classes, activation):
+  """A_k for features of `shape` (batch axis included), unbuilt."""
+  name = f"aux_head{k}"
+  if callable(aux_head) and not isinstance(aux_head, str):
+    head = aux_head(k, shape)
+    if not isinstance(head, keras.layers.Layer):
+      raise TypeError(f"aux_head(k, shape) must return a Keras layer. "
+                      f"Received: aux_head({k}, {shape})={head!r}")
+    return head
+  if aux_head == "authors":
+    if len(shape) != 4:
+      raise ValueError(
+          f"aux_head='authors' needs image features [B, H, W, C]; the cut "
+          f"after module {k} carries shape {shape}. Received: "
+          f"aux_head={aux_head!r}")
+    # BN inside the authors' head is per replica here, as in the source model.
+    return make_conv_aux_head("authors", num_classes, synchronized_bn=False,
+                              name=name)
+  # "linear": a linear classifier on the (spatially averaged) features, with
+  # the activation of the model's own output layer so that one loss fits all.
+  head = []
+  if len(shape) == 4:
+    head.append(keras.layers.GlobalAveragePooling2D())
+  elif len(shape) > 2:
+    head.append(keras.layers.Flatten())
+  head.append(keras.layers.Dense(num_classes, activation=activation))
+  return keras.Sequential(head, name=name)
+
+
+def _cuts_from_split(split, layers, num_modules):
+  """Layer indices (cut after) from counts per module or layer names."""
+  split = list(split)
+  names = [layer.name for layer in layers]
+  if split and all(isinstance(s, str) for s in split):
+    unknown = [s for s in split if s not in names]
+    if unknown or len(split) != num_modules - 1:
+      raise ValueError(
+          f"split as layer names needs num_modules - 1 = {num_modules - 1} "
+          f"names of the model's layers to cut after (unknown: {unknown}). "
+          f"Received: split={split!r}")
+    cuts = sorted(names.index(s) for s in split)
+    if len(set(cuts)) != len(cuts) or cuts[-1] == len(layers) - 1:
+      raise ValueError(f"split names each cut once and not the last layer. "
+                       f"Received: split={split!r}")
+    return cuts
+  counts = partition.check_split(split, len(layers), num_modules)
+  return list(np.cumsum(counts)[:-1] - 1)
+
+
+def _describe(crossing):
+  return ", ".join(f"{producer!r} -> {consumer!r}"
+                   for _, producer, consumer in crossing)
+
+
+def from_keras(model, num_modules, *, split=None, balance="flops",
+               aux_head="linear", num_classes=None, sample=None,
+               name=None):
+  """Splits a Sequential or functional Keras model into K modules.
+
+  Cuts go only where one tensor crosses. With `split=None` the model is cut
+  into blocks at every such place (a block without weights, e.g. the ReLU
+  after a residual addition, joins the block before it) and the blocks are
+  dealt into K contiguous modules minimising the most expensive module
+  (`partition.balanced_split`).
+
+  Args:
+    model: a built `keras.Sequential` (starting with `keras.Input`) or a
+      functional `keras.Model`, one input and one output. Left unchanged.
+    num_modules: K >= 1.
+    split: optional explicit split: K layer counts (over `model.layers`
+      without the InputLayer), or K - 1 layer names to cut after.
+    balance: "flops" (dense/conv multiply-adds, see `layer_flops`),
+      "params" (parameter counts), or "time" (each block's measured forward
+      time on `sample`, one block at a time).
+    aux_head: "linear" ((pooling and) one dense layer), "authors" (conv 128
+      -> conv 64 -> pool -> dense, image features only), a callable
+      `(k, feature_shape) -> keras layer` (k = 1..K-1), or None (no aux
+      heads: only the "e2e" strategy can train such modules).
+    num_classes: outputs of the aux heads; defaults to the last axis of the
+      model's output.
+    sample: a batch of inputs for balance="time"; defaults to 32 random
+      normal examples.
+    name: prefix of module names; defaults to the model's name.
+
+  Returns:
+    K unbuilt `InterlockModule`s. Each holds a snapshot of the model's
+    weights, copied into the new layers when the module is first built.
+  """
+  graph, layers, nodes = _graph(model)
+  if balance not in BALANCE_MODES:
+    raise ValueError(f"balance must be one of {BALANCE_MODES}. "
+                     f"Received: balance={balance!r}")
+  if not (aux_head is None or aux_head in AUX_HEAD_KINDS or (
+      callable(aux_head) and not isinstance(aux_head, str))):
+    raise ValueError(f"aux_head must be one of {AUX_HEAD_KINDS}, a callable "
+                     f"or None. Received: aux_head={aux_head!r}")
+  name = name or model.name
+  config = graph.get_config()
+  crossing = _crossings(nodes, graph.inputs[0], graph.outputs[0])
+  valid = [c for c in range(len(crossing)) if len(crossing[c]) == 1]
+  if split is not None:
+    cuts = _cuts_from_split(split, layers, num_modules)
+    for c in cuts:
+      if len(crossing[c]) != 1:
+        raise ValueError(
+            f"Cannot cut after layer {layers[c].name!r}: "
+            f"{len(crossing[c])} tensors cross there ({_describe(crossing[c])}"
+            f"), e.g. a skip connection; a module boundary carries one "
+            f"tensor. Layers one can cut after: "
+            f"{[layers[v].name for v in valid]}. Received: split={split!r}")
+  else:
+    # A block ends after each single-tensor cut whose next layer has weights.
+    ends = [c + 1 for c in valid if layers[c + 1].weights] + [len(layers)]
+    starts = [0] + ends[:-1]
+    if not 1 <= num_modules <= len(ends):
+      raise ValueError(
+          f"num_modules must be between 1 and {len(ends)}, the number of "
+          f"blocks between single-tensor cuts of model {model.name!r}. "
+          f"Received: num_modules={num_modules!r}")
+    if balance == "time":
+      pieces = [_segment_config(config, layers, a, b, _input_of(graph, nodes,
+                                                                a), f"t{i}")
+                for i, (a, b) in enumerate(zip(starts, ends))]
+      if sample is None:
+        sample = tf.random.normal([32] + list(graph.inputs[0].shape[1:]))
+      costs = _timed_costs(pieces, sample)
+    else:
+      per_layer = [layer_flops(layer, node) if balance == "flops"
+                   else layer.count_params()
+                   for layer, node in zip(layers, nodes)]
+      costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
+    counts = partition.balanced_split(costs, num_modules)
+    cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
+  return _build_modules(graph, config, layers, nodes, cuts, aux_head,
+                        num_classes, name)
+
+
+def _input_of(graph, nodes, start):
+  """The tensor entering layer `start` across the cut before it."""
+  return graph.inputs[0] if start == 0 else nodes[start - 1].output_tensors[0]
+
+
+def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
+                   name):
+  """One InterlockModule per run of layers between cuts."""
+  bounds = list(zip([0] + [c + 1 for c in cuts], [c + 1 for c in cuts] +
+                    [len(layers)]))
+  if num_classes is None:
+    num_classes = graph.outputs[0].shape[-1]
+  activation = getattr(layers[-1], "activation", None)
+  activation = (None if activation is None else
+                keras.activations.serialize(activation))
+  modules = []
+  for k, (start, stop) in enumerate(bounds, start=1):
+    piece = _segment_config(config, layers, start, stop,
+                            _input_of(graph, nodes, start),
+                            f"{name}_piece{k}")
+    weights = {layer.name: layer.get_weights()
+               for layer in layers[start:stop] if layer.weights}
+    body = KerasSegment(piece, weights, name=f"{name}_segment{k}")
+    head = None
+    if k < len(bounds) and aux_head is not None:
+      shape = tuple(nodes[stop - 1].output_tensors[0].shape)
+      head = _make_aux_head(aux_head, k, shape, num_classes, activation)
+    modules.append(InterlockModule(body, aux_head=head,
+                                   name=f"{name}_module{k}"))
+  return modules

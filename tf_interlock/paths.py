@@ -1,0 +1,121 @@
+"""Path helpers over `tf.io.gfile`: local folders and URLs (gs://, ram://).
+
+`os.path.abspath("gs://b/x")` turns a URL into a local relative folder, and
+`os.rename` or `shutil` do not speak remote file systems; every function here
+works on both kinds of path.
+"""
+
+import os
+import posixpath
+
+import tensorflow as tf
+
+
+def is_url(path):
+  """True for paths with a scheme such as gs:// or ram://."""
+  return "://" in path
+
+
+def normalize(path):
+  """A canonical spelling of `path` for comparisons (not for a URL's host).
+
+  Args:
+    path: a local path (made absolute) or a URL (its path part normalized).
+
+  Returns:
+    The normalized path, without a trailing separator.
+  """
+  path = os.fspath(path)
+  if not is_url(path):
+    return os.path.abspath(path)
+  scheme, rest = path.split("://", 1)
+  rest = posixpath.normpath("/" + rest).lstrip("/") if rest else rest
+  return f"{scheme}://{rest}"
+
+
+def join(*parts):
+  return posixpath.join(*parts) if is_url(parts[0]) else os.path.join(*parts)
+
+
+def parent(path):
+  path = normalize(path)
+  if is_url(path):
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{posixpath.dirname(rest)}"
+  return os.path.dirname(path)
+
+
+def basename(path):
+  return posixpath.basename(normalize(path))
+
+
+def is_within(path, root):
+  """True if `path` is `root` or lies below it (both normalized)."""
+  path, root = normalize(path), normalize(root)
+  return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def file_above(path):
+  """The nearest existing ancestor of `path` (or itself) that is a file.
+
+  A path under a file cannot be created; finding it early turns a deep
+  `NotADirectoryError` traceback into a one-line error.
+
+  Args:
+    path: local path or URL.
+
+  Returns:
+    That file's path, or None.
+  """
+  current = normalize(path)
+  while True:
+    if tf.io.gfile.exists(current):
+      return None if tf.io.gfile.isdir(current) else current
+    up = parent(current)
+    if up == current or up.endswith("://"):
+      return None
+    current = up
+
+
+def copy_tree(src, dst, last=None):
+  """Copies directory `src` to a new `dst`, file by file, through gfile.
+
+  Args:
+    src: existing directory.
+    dst: directory to create (must not exist).
+    last: name of a top-level file of `src` copied after all the others, so
+      that its presence in `dst` means the copy is complete.
+  """
+  tf.io.gfile.makedirs(dst)
+  deferred = None
+  for root, dirs, files in tf.io.gfile.walk(src):
+    rel = root[len(src):].lstrip("/")
+    target = join(dst, rel) if rel else dst
+    for name in dirs:
+      tf.io.gfile.makedirs(join(target, name))
+    for name in files:
+      if not rel and name == last:
+        deferred = (join(root, name), join(target, name))
+        continue
+      tf.io.gfile.copy(join(root, name), join(target, name))
+  if deferred:
+    tf.io.gfile.copy(*deferred)
+
+
+def move_dir(src, dst, last=None):
+  """Moves directory `src` to the new path `dst`.
+
+  On a local disk this is one atomic rename. Object stores have no directory
+  rename (and TF's ram:// renames only the directory entry, not its files),
+  so there the files are copied, `last` at the end, then `src` is deleted.
+
+  Args:
+    src: existing directory.
+    dst: path that must not exist.
+    last: see `copy_tree`.
+  """
+  if not is_url(src):
+    tf.io.gfile.rename(src, dst)
+    return
+  copy_tree(src, dst, last=last)
+  tf.io.gfile.rmtree(src)

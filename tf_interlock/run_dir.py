@@ -1,0 +1,287 @@
+"""`RunDir`: the one place that knows the layout of a training run directory.
+
+    model_dir/
+      config.json        the run's configuration (written at each start)
+      run.json           the run's id, created with the directory
+      lock.json          held by the process training it (host, pid, times)
+      checkpoints/       tf.train.CheckpointManager: ckpt-N.*, "checkpoint"
+      train/ eval/       TensorBoard event files
+      export/            the default SavedModel target (marked, see export)
+
+Every function reads before it writes and raises a one-line `ValueError`
+naming the path at fault; all file access goes through `tf.io.gfile`, so
+model_dir may be a local folder, gs:// or ram://.
+"""
+
+import json
+import re
+import time
+import uuid
+
+from google.protobuf import text_format
+import tensorflow as tf
+from tensorflow.python.training import checkpoint_state_pb2
+
+from tf_interlock import export as export_lib
+from tf_interlock import paths
+
+CONFIG = "config.json"
+RUN_INFO = "run.json"
+LOCK = "lock.json"
+CHECKPOINTS = "checkpoints"
+TRAIN_LOGS = "train"
+EVAL_LOGS = "eval"
+EXPORT = "export"
+POINTER = "checkpoint"  # tf.train.CheckpointManager's index of checkpoints
+_CKPT = re.compile(r"^ckpt-(\d+)\.(index|data-(\d+)-of-(\d+))$")
+
+
+class RunDir:
+  """Paths and checked reads/writes of one run directory.
+
+  Args:
+    path: the model_dir (local path or URL).
+    name: how errors name it, e.g. "--model_dir".
+  """
+
+  def __init__(self, path, name="--model_dir"):
+    self.path = paths.normalize(path)
+    self.name = name
+    self._received = f"Received: {name.lstrip('-')}={self.path!r}"
+
+  def file(self, *parts):
+    return paths.join(self.path, *parts)
+
+  @property
+  def config_path(self):
+    return self.file(CONFIG)
+
+  @property
+  def checkpoint_dir(self):
+    return self.file(CHECKPOINTS)
+
+  @property
+  def train_log_dir(self):
+    return self.file(TRAIN_LOGS)
+
+  @property
+  def eval_log_dir(self):
+    return self.file(EVAL_LOGS)
+
+  @property
+  def default_export_dir(self):
+    return self.file(EXPORT)
+
+  @property
+  def lock_path(self):
+    return self.file(LOCK)
+
+  def exists(self):
+    return tf.io.gfile.isdir(self.path)
+
+  def check_layout(self):
+    """Raises if model_dir or one of its known entries has the wrong type."""
+    blocker = paths.file_above(self.path)
+    if blocker == self.path:
+      raise ValueError(f"{self.name}={self.path} is a file, not a "
+                       f"directory. {self._received}")
+    if blocker is not None:
+      raise ValueError(f"{self.name}={self.path} lies under the file "
+                       f"{blocker}. {self._received}")
+    # (The export target is checked by `check_export_dir`.)
+    for entry, want_dir in ((CHECKPOINTS, True), (TRAIN_LOGS, True),
+                            (EVAL_LOGS, True), (CONFIG, False),
+                            (RUN_INFO, False), (LOCK, False)):
+      path = self.file(entry)
+      if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path) != want_dir:
+        kind = "a directory" if want_dir else "a file"
+        raise ValueError(f"{path} should be {kind} of the run directory; "
+                         f"nothing was changed. {self._received}")
+
+  def _read_json(self, path):
+    try:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        value = json.loads(f.read().decode("utf-8"))
+      if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    except (ValueError, tf.errors.OpError) as e:
+      reason = (str(e).splitlines() or [""])[0][:100]
+      raise ValueError(f"{path} is not a readable JSON object ({reason}); "
+                       f"nothing was changed: repair or move it. "
+                       f"{self._received}") from None
+    return value
+
+  def _write_atomic(self, path, text):
+    """Writes `text` to `path` via a temporary file and a rename."""
+    tf.io.gfile.makedirs(self.path)
+    # A prefix, not a suffix: TF's ram:// reports "x" as existing while
+    # "x.anything" does.
+    tmp = paths.join(paths.parent(path),
+                     f".tmp-{uuid.uuid4().hex[:8]}-{paths.basename(path)}")
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+  def read_config(self):
+    """config.json as a dict, or None in a new run directory."""
+    if not tf.io.gfile.exists(self.config_path):
+      return None
+    return self._read_json(self.config_path)
+
+  def write_config(self, text):
+    self._write_atomic(self.config_path, text)
+
+  def check_same(self, current, fields, why):
+    """Raises if config.json differs from `current` in one of `fields`.
+
+    Args:
+      current: the new run's configuration as a dict.
+      fields: names that must match.
+      why: what a mismatch would break, for the message.
+    """
+    saved = self.read_config()
+    if saved is None:
+      return
+    for field in fields:
+      if saved.get(field) != current.get(field):
+        raise ValueError(
+            f"{self.name}={self.path} holds a run with {field}="
+            f"{saved.get(field)!r} ({why}); use a new model_dir or "
+            f"--{field}={saved.get(field)}. Received: {field}="
+            f"{current.get(field)!r}")
+
+  def run_id(self, create=False):
+    """The run's id (run.json), made on first use if `create`."""
+    path = self.file(RUN_INFO)
+    if tf.io.gfile.exists(path):
+      return self._read_json(path)["run_id"]
+    if not create:
+      return None
+    run_id = uuid.uuid4().hex
+    self._write_atomic(path, json.dumps({"run_id": run_id,
+                                         "created": time.time()}))
+    return run_id
+
+  def check_export_dir(self, export_dir, name="--export_dir"):
+    """Raises unless a training export to `export_dir` loses nothing.
+
+    Args:
+      export_dir: the target; None means the default, model_dir/export.
+      name: the flag that set it.
+
+    Returns:
+      The normalized export path.
+    """
+    target = paths.normalize(export_dir or self.default_export_dir)
+    received = f"Received: {name.lstrip('-')}={target!r}"
+    if paths.is_within(self.path, target):
+      raise ValueError(f"{name}={target} would replace the run directory "
+                       f"{self.path} it lies in; use a separate directory. "
+                       f"{received}")
+    for entry in (CHECKPOINTS, TRAIN_LOGS, EVAL_LOGS, CONFIG, RUN_INFO, LOCK):
+      if paths.is_within(target, self.file(entry)):
+        raise ValueError(f"{name}={target} lies in the run's {entry}; use "
+                         f"model_dir/{EXPORT} or a separate directory. "
+                         f"{received}")
+    export_lib.check_export_target(target, self.run_id(), name=name)
+    return target
+
+  def complete_checkpoints(self):
+    """Steps N whose ckpt-N index and every data shard are present."""
+    if not tf.io.gfile.isdir(self.checkpoint_dir):
+      return []
+    found = {}
+    for name in tf.io.gfile.listdir(self.checkpoint_dir):
+      match = _CKPT.match(name)
+      if match:
+        entry = found.setdefault(int(match.group(1)), [False, set(), None])
+        if match.group(2) == "index":
+          entry[0] = True
+        else:
+          entry[1].add(int(match.group(3)))
+          entry[2] = int(match.group(4))
+    return sorted(n for n, (index, shards, total) in found.items()
+                  if index and total and shards == set(range(total)))
+
+  def _pointer_problem(self):
+    """(None, prefix) for a usable pointer, else (problem, None)."""
+    path = self.file(CHECKPOINTS, POINTER)
+    if not tf.io.gfile.exists(path):
+      return "is missing", None
+    try:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        state = text_format.Parse(f.read().decode("utf-8"),
+                                  checkpoint_state_pb2.CheckpointState())
+    except (UnicodeDecodeError, text_format.ParseError, tf.errors.OpError):
+      return "is unreadable", None
+    prefix = state.model_checkpoint_path
+    if not prefix:
+      return "names no checkpoint", None
+    name = paths.basename(prefix)
+    match = re.fullmatch(r"ckpt-(\d+)", name)
+    if not match or int(match.group(1)) not in self.complete_checkpoints():
+      return f"names {prefix}, which is incomplete or missing", None
+    return None, self.file(CHECKPOINTS, name)
+
+  def latest_checkpoint(self, select=None, flag="--resume_from",
+                        for_writing=True):
+    """The checkpoint to resume from, or None for a fresh start.
+
+    A run whose checkpoint data outlived a usable "checkpoint" pointer is
+    not restarted silently (that would overwrite ckpt-N files): the error
+    names the newest complete checkpoint and the flag that selects it.
+
+    Args:
+      select: "ckpt-N" to use explicitly, or None for the pointer's.
+      flag: the flag that sets `select`, for messages.
+      for_writing: training will save after it, so a selected checkpoint
+        older than the newest complete one (which would be overwritten) is
+        refused.
+
+    Returns:
+      A checkpoint prefix, or None. Writes nothing (see `repair_pointer`).
+    """
+    complete = self.complete_checkpoints()
+    has_data = tf.io.gfile.isdir(self.checkpoint_dir) and any(
+        _CKPT.match(n) for n in tf.io.gfile.listdir(self.checkpoint_dir))
+    pointer = self.file(CHECKPOINTS, POINTER)
+    problem, latest = (self._pointer_problem() if has_data or
+                       tf.io.gfile.exists(pointer) else (None, None))
+    if select is not None:
+      received = f"Received: {flag.lstrip('-')}={select!r}"
+      match = re.fullmatch(r"ckpt-(\d+)", select)
+      if not match or int(match.group(1)) not in complete:
+        raise ValueError(
+            f"{flag}={select} is not a complete checkpoint in "
+            f"{self.checkpoint_dir}; complete ones: "
+            f"{['ckpt-%d' % n for n in complete] or 'none'}. {received}")
+      newer = [n for n in complete if n > int(match.group(1))]
+      if newer and for_writing:
+        raise ValueError(
+            f"{flag}={select} would overwrite the newer checkpoint "
+            f"ckpt-{newer[-1]} in {self.checkpoint_dir}; move it away "
+            f"first. {received}")
+      return self.file(CHECKPOINTS, select)
+    if problem is None:
+      return latest
+    hint = (f"use the newest complete one with {flag}=ckpt-{complete[-1]}"
+            if complete else "no complete ckpt-N was found: move "
+            "checkpoints/ away to start over")
+    raise ValueError(f"{pointer} {problem} but {self.checkpoint_dir} holds "
+                     f"checkpoint data; nothing was changed: {hint}. "
+                     f"{self._received}")
+
+  def repair_pointer(self, prefix):
+    """Points "checkpoint" at `prefix` (after `latest_checkpoint` allowed
+    it); an unreadable old pointer is kept as "checkpoint.unreadable"."""
+    pointer = self.file(CHECKPOINTS, POINTER)
+    if self._pointer_problem()[1] == prefix:
+      return
+    if tf.io.gfile.exists(pointer):
+      tf.io.gfile.rename(pointer, pointer + ".unreadable", overwrite=True)
+    step = int(paths.basename(prefix).split("-")[1])
+    kept = [f"ckpt-{n}" for n in self.complete_checkpoints() if n <= step]
+    state = checkpoint_state_pb2.CheckpointState(
+        model_checkpoint_path=paths.basename(prefix),
+        all_model_checkpoint_paths=kept)
+    self._write_atomic(pointer, text_format.MessageToString(state))

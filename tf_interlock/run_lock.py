@@ -1,0 +1,160 @@
+"""One process per run directory: a lock file with its holder's identity.
+
+Two runs writing one model_dir (say, started twice with different seeds)
+would silently overwrite each other's checkpoints. `RunLock` writes
+model_dir/lock.json holding host, pid, start time and a heartbeat time, via
+`tf.io.gfile` (so it works on gs:// and ram://, which have no file locks).
+
+A lock is stale, and taken over with a warning, when its holder is a dead
+process on this host, or its heartbeat is older than `stale_after_s` (a
+holder on another host cannot be probed). Otherwise the second run is
+refused, naming the holder, unless told to break the lock.
+"""
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+
+import tensorflow as tf
+
+from tf_interlock import paths
+
+STALE_AFTER_S = 3600.0
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by someone else
+    return True
+  return True
+
+
+def _when(seconds):
+  return datetime.datetime.fromtimestamp(
+      seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class RunLock:
+  """The lock of one run directory.
+
+  Args:
+    path: the lock file (model_dir/lock.json).
+    break_flag: the flag that breaks a live lock, for messages.
+    stale_after_s: heartbeat age after which another host's lock is stale.
+    out: where take-over warnings go (default: sys.stderr).
+  """
+
+  def __init__(self, path, break_flag="--break_lock",
+               stale_after_s=STALE_AFTER_S, out=None):
+    self.path = path
+    self.break_flag = break_flag
+    self.stale_after_s = stale_after_s
+    self.out = out
+    self.held = False
+    now = time.time()
+    self.info = {"host": socket.gethostname(), "pid": os.getpid(),
+                 "started": now, "updated": now, "token": uuid.uuid4().hex}
+
+  def _read(self):
+    """The holder's info, None without a lock, {} for an unreadable one."""
+    if not tf.io.gfile.exists(self.path):
+      return None
+    try:
+      with tf.io.gfile.GFile(self.path, "rb") as f:
+        holder = json.loads(f.read().decode("utf-8"))
+      return holder if isinstance(holder, dict) else {}
+    except (ValueError, tf.errors.OpError):
+      return {}
+
+  def _write(self, overwrite):
+    # A prefix, not a suffix: TF's ram:// reports "x" as existing while
+    # "x.anything" does.
+    tmp = paths.join(paths.parent(self.path),
+                     f".tmp-{self.info['token']}-{paths.basename(self.path)}")
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(json.dumps(self.info, sort_keys=True))
+    try:
+      tf.io.gfile.rename(tmp, self.path, overwrite=overwrite)
+    except tf.errors.AlreadyExistsError:
+      tf.io.gfile.remove(tmp)
+      raise
+
+  def _stale_reason(self, holder):
+    """Why `holder`'s lock may be taken over, or None."""
+    if not holder:
+      return None
+    if holder.get("host") == self.info["host"]:
+      pid = holder.get("pid")
+      if isinstance(pid, int) and pid != os.getpid() and not _alive(pid):
+        return f"its process {pid} on this host is gone"
+      return None
+    age = time.time() - float(holder.get("updated", 0))
+    if age > self.stale_after_s:
+      return f"no heartbeat for {age:.0f} s"
+    return None
+
+  def acquire(self, break_lock=False):
+    """Takes the lock or raises ValueError naming its holder.
+
+    Args:
+      break_lock: take over a lock that looks alive (the user says its run
+        is dead).
+    """
+    holder = self._read()
+    if holder is not None:
+      reason = self._stale_reason(holder) or (
+          "the lock was broken on request" if break_lock else None)
+      if reason is None:
+        raise ValueError(self._refusal(holder))
+      print(f"warning: taking over {self.path} held by pid "
+            f"{holder.get('pid')} on {holder.get('host')}: {reason}",
+            file=self.out or sys.stderr, flush=True)
+    try:
+      self._write(overwrite=holder is not None)
+    except tf.errors.AlreadyExistsError:
+      raise ValueError(self._refusal(self._read() or {})) from None
+    # Another run may have renamed its lock in between: the last writer
+    # wins, and the loser sees someone else's token.
+    current = self._read()
+    if not current or current.get("token") != self.info["token"]:
+      raise ValueError(self._refusal(current or {}))
+    self.held = True
+
+  def _refusal(self, holder):
+    if not holder:
+      return (f"{self.path} is unreadable; if no run is using this "
+              f"model_dir, pass {self.break_flag}=true. Received: "
+              f"lock={self.path!r}")
+    return (f"the run directory is in use by pid {holder.get('pid')} on "
+            f"host {holder.get('host')} since "
+            f"{_when(float(holder.get('started', 0)))} (lock {self.path}); "
+            f"wait for it, or if that run is dead pass "
+            f"{self.break_flag}=true. Received: lock={self.path!r}")
+
+  def refresh(self):
+    """Renews the heartbeat (call every few minutes while training)."""
+    if self.held:
+      self.info["updated"] = time.time()
+      self._write(overwrite=True)
+
+  def release(self):
+    """Deletes the lock if it is still ours."""
+    if not self.held:
+      return
+    self.held = False
+    current = self._read()
+    if current and current.get("token") == self.info["token"]:
+      tf.io.gfile.remove(self.path)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.release()

@@ -1,0 +1,194 @@
+"""How many intra-op threads and how many modules each simulated device gets.
+
+On a host with C cores, K modules can run as K logical devices with one
+thread each (the model-parallel simulation: at most C ops at once), as fewer
+devices holding several modules each, or with t intra-op threads per op (one
+op then uses t cores). Which is fastest depends on the strategy: end-to-end
+training has almost no parallelism between modules (Gomez et al. 2022,
+arXiv:2010.04116, Sec. 3: every module waits for the global loss), so on few
+cores it gains more from threads inside each op; local and pairwise training
+keep every device busy and gain more from one thread per device.
+
+`choose_plan` asks the schedule model (`schedule.simulate`) for every
+candidate plan and keeps the fastest. TF's thread pools are process-wide and
+fixed when the runtime starts, so a plan applies to a whole process.
+"""
+
+import dataclasses
+from typing import Sequence, Tuple
+
+from tf_interlock import schedule
+
+# Speedup of one op on t threads: 1 + (t - 1) * e. e = 0.64 was measured on
+# the 2-core test machine (a 512x1024x1024 matmul: 11.8 ms on one thread,
+# 7.2 ms on two).
+DEFAULT_THREAD_EFFICIENCY = 0.64
+
+# Costs for a choice made before anything can be measured: modules of equal
+# size whose backward ops cost about a forward each, as dense and conv layers
+# do, with a small aux head and update.
+NOMINAL_COST = schedule.ModuleCost(forward=1.0, input_vjp=1.0, weight_vjp=1.0,
+                                   aux=0.05, update=0.05)
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadingPlan:
+  """One way to run K modules on the host's cores.
+
+  Attributes:
+    num_devices: logical devices D (the process's inter-op threads).
+    threads_per_device: intra-op threads t of every op.
+    module_devices: per module, its device index (contiguous blocks).
+  """
+  num_devices: int
+  threads_per_device: int
+  module_devices: Tuple[int, ...]
+
+  @property
+  def modules_per_device(self):
+    """The most modules any one device holds."""
+    return max(self.module_devices.count(d) for d in range(self.num_devices))
+
+  def describe(self):
+    """E.g. "4 devices x 1 thread" or "2 devices x 1 thread, 2 modules each"."""
+    text = (f"{self.num_devices} device{'s' * (self.num_devices > 1)} x "
+            f"{self.threads_per_device} thread"
+            f"{'s' * (self.threads_per_device > 1)}")
+    if self.modules_per_device > 1:
+      text += f", {self.modules_per_device} modules each"
+    return text
+
+
+def _check_int(name, value, minimum):
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f"{name} must be an int >= {minimum}. Received: {name}={value!r}")
+
+
+def make_plan(num_modules, num_devices, threads_per_device):
+  """K modules in contiguous, balanced blocks on D devices of t threads.
+
+  Module k goes to device floor(k D / K): K = 4, D = 2 gives (0, 0, 1, 1).
+
+  Args:
+    num_modules: K >= 1.
+    num_devices: D, 1 <= D <= K.
+    threads_per_device: t >= 1.
+
+  Returns:
+    A `ThreadingPlan`.
+  """
+  _check_int("num_modules", num_modules, 1)
+  _check_int("threads_per_device", threads_per_device, 1)
+  _check_int("num_devices", num_devices, 1)
+  if num_devices > num_modules:
+    raise ValueError(f"num_devices must be <= num_modules={num_modules}. "
+                     f"Received: num_devices={num_devices}")
+  return ThreadingPlan(
+      num_devices, threads_per_device,
+      tuple(k * num_devices // num_modules for k in range(num_modules)))
+
+
+def candidate_plans(num_modules, num_cores):
+  """Every plan with D in 1..K devices and t in 1..num_cores threads."""
+  _check_int("num_cores", num_cores, 1)
+  return [make_plan(num_modules, d, t)
+          for d in range(num_modules, 0, -1) for t in range(1, num_cores + 1)]
+
+
+def predict(costs, strategy, plan, num_cores, *,
+            thread_efficiency=DEFAULT_THREAD_EFFICIENCY, **kwargs):
+  """The schedule model's step time of `strategy` under `plan`.
+
+  Args:
+    costs: one-thread `schedule.ModuleCost` per module.
+    strategy: a strategy name or object.
+    plan: a `ThreadingPlan`.
+    num_cores: the host's cores.
+    thread_efficiency: e of `schedule.thread_speedup`.
+    **kwargs: passed on to `schedule.simulate` (has_aux, num_microbatches).
+
+  Returns:
+    A `schedule.ScheduleResult`.
+  """
+  return schedule.simulate(
+      costs, strategy, num_cores=num_cores,
+      threads_per_device=plan.threads_per_device,
+      module_devices=plan.module_devices,
+      thread_efficiency=thread_efficiency, **kwargs)
+
+
+def _check_overrides(num_modules, threads_per_device, modules_per_device):
+  if threads_per_device is not None:
+    _check_int("threads_per_device", threads_per_device, 1)
+  if modules_per_device is not None:
+    _check_int("modules_per_device", modules_per_device, 1)
+    if num_modules % modules_per_device:
+      raise ValueError(
+          f"modules_per_device must divide num_modules={num_modules}. "
+          f"Received: modules_per_device={modules_per_device}")
+
+
+def choose_plan(costs: Sequence[schedule.ModuleCost], strategy, num_cores, *,
+                threads_per_device=None, modules_per_device=None,
+                thread_efficiency=DEFAULT_THREAD_EFFICIENCY, **kwargs):
+  """The candidate plan with the smallest predicted step time.
+
+  Ties (within 1e-9, relative) go to more devices, then fewer threads: the
+  plan closest to one device per module.
+
+  Args:
+    costs: one-thread op costs per module (`NOMINAL_COST` * K when nothing
+      was measured).
+    strategy: the strategy to train.
+    num_cores: the host's cores.
+    threads_per_device: t fixed by the user, or None to choose it.
+    modules_per_device: modules per device fixed by the user (must divide
+      K), or None to choose it.
+    thread_efficiency: e of `schedule.thread_speedup`.
+    **kwargs: passed on to `schedule.simulate`.
+
+  Returns:
+    (plan, predicted step time). A fixed t above num_cores is not simulated
+    (the model needs t <= num_cores): it is returned as asked, with None.
+  """
+  num_modules = len(costs)
+  _check_overrides(num_modules, threads_per_device, modules_per_device)
+  if threads_per_device is not None and threads_per_device > num_cores:
+    return make_plan(num_modules, num_modules // (modules_per_device or 1),
+                     threads_per_device), None
+  best = None
+  for plan in candidate_plans(num_modules, num_cores):
+    if threads_per_device not in (None, plan.threads_per_device):
+      continue
+    if modules_per_device is not None and (
+        plan.num_devices * modules_per_device != num_modules):
+      continue
+    step = predict(costs, strategy, plan, num_cores,
+                   thread_efficiency=thread_efficiency, **kwargs).step_time
+    if best is None or step < best[1] * (1 - 1e-9):
+      best = (plan, step)
+  return best
+
+
+def plan_for(num_modules, strategy, num_cores, threads_per_device=None,
+             modules_per_device=None,
+             thread_efficiency=DEFAULT_THREAD_EFFICIENCY):
+  """The plan a binary uses before it can measure: from nominal costs.
+
+  Args:
+    num_modules: K.
+    strategy: the strategy to train.
+    num_cores: the host's cores.
+    threads_per_device: t, or None to choose it.
+    modules_per_device: modules per device, or None to choose it.
+    thread_efficiency: e of `schedule.thread_speedup`.
+
+  Returns:
+    A `ThreadingPlan`.
+  """
+  _check_int("num_modules", num_modules, 1)
+  return choose_plan([NOMINAL_COST] * num_modules, strategy, num_cores,
+                     threads_per_device=threads_per_device,
+                     modules_per_device=modules_per_device,
+                     thread_efficiency=thread_efficiency)[0]

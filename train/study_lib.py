@@ -1,0 +1,328 @@
+"""The runs of a multi-seed study (`train.compare`) and their time accounting.
+
+Each (strategy, seed) trains for the same number of steps in its own
+`python -m train.train` process into out_dir/<strategy>/seed_<seed>, and is
+evaluated on the whole evaluation split at `eval_points` evenly spaced steps.
+From its TensorBoard event files this module reads three clocks:
+
+* the training clock: the time spent inside the training loops, where the
+  first loop (which also traces and compiles the step function) counts as
+  many steps at the median step time; what it took beyond that is compile_s;
+* eval_s: per evaluation, from the end of the loop it follows (the train
+  event of that step) to its own eval event;
+* wall_s: from the start of the first loop to the last evaluation.
+
+Then the per-module op costs (`train.module_costs`, own process) and the
+schedule model give each strategy's predicted step time: with as many cores
+as here, and with one core per module.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import glob
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing import event_file_loader
+import tensorflow as tf
+
+from tf_interlock import projection
+from tf_interlock import schedule
+from train import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Config fields that compare sets itself, and the flag that sets them.
+SET_BY_COMPARE = {"strategy": "--strategies", "model_dir": "--out_dir",
+                  "export_dir": "--out_dir", "eval_every_steps": "--eval_points",
+                  "time_budget_s": "--train_steps",
+                  "epochs": "--train_steps",
+                  "checkpoint_every_steps": "(none: only the final one)"}
+# No checkpoint inside the loop: its time would land in an evaluation's.
+NEVER = 10**9
+RESULT_FILE = "result.json"
+COSTS_FILE = "module_costs.json"
+
+
+class RunError(RuntimeError):
+  """A subprocess failed; the message holds the end of its log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """What every run of a study shares (its settings are stored with each)."""
+  preset: str
+  overrides: dict  # {Config field: flag text} given on the command line
+  strategies: tuple
+  seeds: tuple
+  train_steps: int
+  eval_every_steps: int
+  metric: str
+  num_modules: int
+  out_dir: str
+  jobs: int = 1
+
+  def settings(self):
+    """What a stored run must agree with to be reused."""
+    return {"preset": self.preset, "overrides": self.overrides,
+            "train_steps": self.train_steps,
+            "eval_every_steps": self.eval_every_steps, "metric": self.metric}
+
+
+def eval_every_steps(train_steps, eval_points, steps_per_loop):
+  """Steps between evaluations: train_steps / eval_points whole loops.
+
+  Raises:
+    ValueError: when the points cannot be evenly spaced on loop ends.
+  """
+  every, remainder = divmod(train_steps, eval_points)
+  if remainder or every % steps_per_loop:
+    raise ValueError(
+        f"--eval_points={eval_points} must divide --train_steps="
+        f"{train_steps} into a whole number of loops of steps_per_loop="
+        f"{steps_per_loop} steps. Received: eval_points={eval_points}")
+  return every
+
+
+def train_args(study, **run_flags):
+  """train.train's flags: the preset, the overrides, then `run_flags`."""
+  merged = {**study.overrides, **{k: str(v) for k, v in run_flags.items()}}
+  return [f"--preset={study.preset}"] + [
+      f"--{name}={value}" for name, value in merged.items()]
+
+
+def launch(module, args, log_path):
+  """Runs `python -m module args`, its output into `log_path`."""
+  print(f"  {module} {' '.join(shlex.quote(a) for a in args)}", flush=True)
+  tail = collections.deque(maxlen=20)
+  with tf.io.gfile.GFile(log_path, "w") as log:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in proc.stdout:
+      log.write(line)
+      tail.append(line)
+    proc.wait()
+  if proc.returncode:
+    raise RunError(f"{module} exited with {proc.returncode}; end of "
+                   f"{log_path}:\n{''.join(tail)}")
+
+
+def read_scalars(event_dir):
+  """{tag: [(step, wall_time, value)]} from a run's event files, by step."""
+  found = collections.defaultdict(list)
+  for path in tf.io.gfile.glob(os.path.join(glob.escape(event_dir),
+                                            "events.out.tfevents.*")):
+    for event in event_file_loader.EventFileLoader(path).Load():
+      for value in event.summary.value:
+        found[value.tag].append(
+            (event.step, event.wall_time, float(tf.make_ndarray(
+                value.tensor))))
+  return {tag: sorted(points) for tag, points in found.items()}
+
+
+def account_time(loops, eval_walls):
+  """Splits a run's time into training, compile and evaluation.
+
+  Args:
+    loops: per training loop in step order, (step at its end, wall time of
+      its train event, step_time_s = loop seconds / loop steps).
+    eval_walls: {step: wall time of that step's eval event}.
+
+  Returns:
+    {"median_step_s", "compile_s", "training_s", "eval_s", "wall_s",
+     "eval_s_each": {step: s}, "clock": {step: training seconds}}.
+
+  Raises:
+    ValueError: fewer than two loops (tracing cannot be told apart), or an
+      evaluation at a step where no loop ended.
+  """
+  if len(loops) < 2:
+    raise ValueError(f"a run needs >= 2 training loops to separate tracing "
+                     f"from step time; raise --train_steps. Received: "
+                     f"{len(loops)} loop(s)")
+  sizes = [step - previous for (step, _, _), previous in
+           zip(loops, [0] + [step for step, _, _ in loops])]
+  median = statistics.median(t for _, _, t in loops[1:])
+  first_s = loops[0][2] * sizes[0]
+  compile_s = max(0.0, first_s - median * sizes[0])
+  clock, total = {}, first_s - compile_s
+  clock[loops[0][0]] = total
+  for (step, _, step_s), size in zip(loops[1:], sizes[1:]):
+    total += step_s * size
+    clock[step] = total
+  loop_walls = {step: wall for step, wall, _ in loops}
+  each = {}
+  for step, wall in sorted(eval_walls.items()):
+    if step not in loop_walls:
+      raise ValueError(f"evaluation at step {step} follows no training loop. "
+                       f"Received: loop ends {sorted(loop_walls)}")
+    each[step] = wall - loop_walls[step]
+  origin = loops[0][1] - first_s
+  end = max([loops[-1][1]] + list(eval_walls.values()))
+  return {"median_step_s": median, "compile_s": compile_s,
+          "training_s": total, "eval_s": sum(each.values()),
+          "wall_s": end - origin, "eval_s_each": each, "clock": clock}
+
+
+def summarize_run(model_dir, metric):
+  """Step times, clocks, final evaluation and curve of a finished run."""
+  train = read_scalars(os.path.join(model_dir, "train"))
+  evals = read_scalars(os.path.join(model_dir, "eval"))
+  curve_points = evals[f"final/{metric}"]
+  timing = account_time(train["step_time_s"],
+                        {step: wall for step, wall, _ in curve_points})
+  if "eval_time_s" in evals:  # timed by train.train itself, when it does
+    timing["eval_s_each"] = {step: v for step, _, v in evals["eval_time_s"]}
+    timing["eval_s"] = sum(timing["eval_s_each"].values())
+  final_step = curve_points[-1][0]
+  heads = collections.defaultdict(dict)
+  for tag, points in evals.items():
+    head, _, name = tag.partition("/")
+    if name:
+      heads[head].update({name: v for step, _, v in points
+                          if step == final_step})
+  clock = timing.pop("clock")
+  each = timing.pop("eval_s_each")
+  return {
+      "steps": final_step, **timing,
+      "eval": dict(sorted(heads.items(), key=lambda kv: _head_order(kv[0]))),
+      "curve": [{"step": step, "seconds": clock[step], "value": value,
+                 "eval_s": each[step]} for step, _, value in curve_points],
+  }
+
+
+def _head_order(head):
+  """exit_1, exit_2, ..., final."""
+  return (head == "final", int(head.split("_")[1]) if "_" in head else 0)
+
+
+def write_json(path, value):
+  """Writes `value` to `path` atomically (a reader sees old or new)."""
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+    json.dump(value, f, indent=2)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
+def _reuse(path, settings):
+  """The stored result at `path` if it has `settings`, else None."""
+  if not tf.io.gfile.exists(path):
+    return None
+  with tf.io.gfile.GFile(path) as f:
+    result = json.load(f)
+  if result["settings"] != settings:
+    raise ValueError(f"{path} comes from other settings "
+                     f"{result['settings']}; use a new --out_dir. "
+                     f"Received: {settings}")
+  return result
+
+
+def run_one(study, strategy, seed):
+  """Trains one (strategy, seed) unless its result exists; its result."""
+  model_dir = os.path.join(study.out_dir, strategy, f"seed_{seed}")
+  result_path = os.path.join(model_dir, RESULT_FILE)
+  settings = study.settings()
+  result = _reuse(result_path, settings)
+  if result is not None:
+    print(f"{strategy} seed {seed}: finished earlier, not rerun", flush=True)
+    return result
+  if tf.io.gfile.exists(model_dir):
+    # Ours (compare made it); an unfinished run restarts for a clean clock.
+    print(f"{strategy} seed {seed}: restarting the unfinished run")
+    tf.io.gfile.rmtree(model_dir)
+  launch("train.train", train_args(
+      study, strategy=strategy, seed=seed, model_dir=model_dir,
+      train_steps=study.train_steps, eval_every_steps=study.eval_every_steps,
+      checkpoint_every_steps=NEVER),
+         os.path.join(study.out_dir, "logs", f"{strategy}_seed_{seed}.log"))
+  result = summarize_run(model_dir, study.metric)
+  result.update(settings=settings, strategy=strategy, seed=seed)
+  write_json(result_path, result)
+  return result
+
+
+def run_all(study):
+  """{strategy: [result per seed]}, `study.jobs` runs at a time."""
+  tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
+  pairs = [(s, seed) for s in study.strategies for seed in study.seeds]
+  with concurrent.futures.ThreadPoolExecutor(study.jobs) as pool:
+    results = list(pool.map(lambda pair: run_one(study, *pair), pairs))
+  by_strategy = {s: [] for s in study.strategies}
+  for (strategy, _), result in zip(pairs, results):
+    by_strategy[strategy].append(result)
+  return by_strategy
+
+
+def measure_costs(study, repeats=10):
+  """The per-module op costs of the study's network (reused if stored)."""
+  path = os.path.join(study.out_dir, COSTS_FILE)
+  settings = {"preset": study.preset, "overrides": study.overrides,
+              "repeats": repeats}
+  stored = _reuse(path, settings)
+  if stored is not None:
+    return stored
+  raw = path + ".raw"
+  launch("train.module_costs", train_args(
+      study, strategy=study.strategies[0], out=raw, repeats=repeats),
+         os.path.join(study.out_dir, "logs", "module_costs.log"))
+  with tf.io.gfile.GFile(raw) as f:
+    measured = json.load(f)
+  tf.io.gfile.remove(raw)
+  measured["settings"] = settings
+  write_json(path, measured)
+  return measured
+
+
+def predict_step_times(costs, strategies, cores):
+  """{strategy: {cores: predicted step seconds}} from the schedule model."""
+  modules = [schedule.ModuleCost(**c) for c in costs["costs"]]
+  return {s: {n: schedule.simulate(
+      modules, s, num_cores=n, has_aux=costs["has_aux"],
+      num_microbatches=costs["num_microbatches"]).step_time for n in cores}
+          for s in strategies}
+
+
+def aggregate_runs(runs):
+  """Seeds of one strategy: bands of the clocks, curve and final metrics."""
+  curves = [[(p["step"], p["seconds"], p["value"]) for p in run["curve"]]
+            for run in runs]
+  points = projection.aggregate(curves)
+  keys = ("median_step_s", "compile_s", "training_s", "eval_s", "wall_s")
+  return {
+      "seeds": [run["seed"] for run in runs],
+      "steps": runs[0]["steps"],
+      **{k: projection.band([run[k] for run in runs])._asdict()
+         for k in keys},
+      "final": {head: {name: projection.band(
+          [run["eval"][head][name] for run in runs])._asdict()
+                       for name in metrics}
+                for head, metrics in runs[0]["eval"].items()},
+      "curve": [{"step": p.step, "seconds": p.seconds, **p.value._asdict()}
+                for p in points],
+  }
+
+
+def config_overrides(flag_values):
+  """{field: flag text} of the Config fields given on the command line.
+
+  Args:
+    flag_values: {field: (given?, text)} for every Config field.
+
+  Raises:
+    ValueError: for a field compare sets itself.
+  """
+  given = {}
+  for field in dataclasses.fields(config_lib.Config):
+    is_given, text = flag_values[field.name]
+    if not is_given:
+      continue
+    if field.name in SET_BY_COMPARE:
+      raise ValueError(
+          f"--{field.name} is set by compare; use "
+          f"{SET_BY_COMPARE[field.name]}. Received: {field.name}={text!r}")
+    given[field.name] = text
+  return given

@@ -1,0 +1,228 @@
+"""A study's outputs: results.json, report.md and PNG plots.
+
+The measured side uses this machine's training clock; the predicted side
+puts the same per-step curves on the time axis step * (schedule model's step
+time with one core per module), see `tf_interlock.projection`.
+"""
+
+import io
+import os
+import platform
+
+import tensorflow as tf
+
+from tf_interlock import projection
+
+PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
+         "metric_vs_predicted_seconds.png")
+
+
+def machine():
+  """What the numbers were measured on."""
+  model = platform.processor() or "unknown"
+  try:
+    with open("/proc/cpuinfo") as f:
+      names = [line.split(":", 1)[1].strip() for line in f
+               if line.startswith("model name")]
+    model = names[0] if names else model
+  except OSError:
+    pass
+  return {"nproc": os.cpu_count(), "cpu": model,
+          "tensorflow": tf.__version__, "python": platform.python_version(),
+          "gpus": len(tf.config.list_physical_devices("GPU"))}
+
+
+def _points(row):
+  return [projection.CurvePoint(p["step"], p["seconds"], projection.Band(
+      p["mean"], p["min"], p["max"])) for p in row["curve"]]
+
+
+def add_projection(summary, predicted, cores_here, target=None):
+  """Adds predicted step times, speedups, budgets, target and outcomes.
+
+  Args:
+    summary: the study summary; summary["strategies"][s] as made by
+      `study_lib.aggregate_runs`.
+    predicted: {strategy: {cores: step seconds}} (`predict_step_times`).
+    cores_here: the core count of the "model here" column.
+    target: the metric to reach; None: e2e's mean final metric.
+  """
+  rows, k = summary["strategies"], summary["num_modules"]
+  metric, higher = summary["metric"], summary["higher_is_better"]
+  for name, row in rows.items():
+    row["predicted_step_s"] = {"here": predicted[name][cores_here],
+                               "one_core_per_module": predicted[name][k]}
+  base = rows.get("e2e")
+  for row in rows.values():
+    row["speedup_vs_e2e"] = None if base is None else {
+        "measured": base["median_step_s"]["mean"] /
+                    row["median_step_s"]["mean"],
+        "model_here": base["predicted_step_s"]["here"] /
+                      row["predicted_step_s"]["here"],
+        "predicted": base["predicted_step_s"]["one_core_per_module"] /
+                     row["predicted_step_s"]["one_core_per_module"]}
+  if target is None and base is not None:
+    target = base["final"]["final"][metric]["mean"]
+    summary["target_source"] = "e2e's mean final metric"
+  elif target is not None:
+    summary["target_source"] = "--target"
+  else:
+    summary["target_source"] = "none (no e2e run and no --target)"
+  summary["target"] = target
+  # The budget: the fastest strategy's time for the whole run, so that every
+  # curve covers it; slower strategies are read part-way.
+  axes = {name: {"measured": [p.seconds for p in _points(row)],
+                 "predicted": projection.predicted_seconds(
+                     _points(row), row["predicted_step_s"][
+                         "one_core_per_module"])}
+          for name, row in rows.items()}
+  summary["budget_s"] = {side: min(axis[side][-1] for axis in axes.values())
+                         for side in ("measured", "predicted")}
+  for name, row in rows.items():
+    row["outcome"] = {}
+    for side in ("measured", "predicted"):
+      result = projection.outcome(_points(row), axes[name][side],
+                                  summary["budget_s"][side], target, higher)
+      band = result["metric_at_budget"]
+      row["outcome"][side] = {
+          "metric_at_budget": None if band is None else band._asdict(),
+          "time_to_target_s": result["time_to_target_s"]}
+
+
+def _ms(seconds):
+  return f"{1e3 * seconds:.1f}"
+
+
+def _band_text(band, digits=4):
+  if band is None:
+    return "-"
+  return (f"{band['mean']:.{digits}f} [{band['min']:.{digits}f}, "
+          f"{band['max']:.{digits}f}]")
+
+
+def _seconds_text(value):
+  return "not reached" if value is None else f"{value:.3g}"
+
+
+def report_markdown(summary):
+  """The tables, the machine and the command of a study."""
+  metric, rows, k = summary["metric"], summary["strategies"], summary[
+      "num_modules"]
+  mach, cores = summary["machine"], summary["cores_here"]
+  seeds = len(next(iter(rows.values()))["seeds"])
+  lines = [
+      f"# {summary['preset']}: {summary['train_steps']} steps per run, "
+      f"{seeds} seed(s), K = {k}", "",
+      f"Machine: {mach['nproc']} cores ({mach['cpu']}), TensorFlow "
+      f"{mach['tensorflow']}, {mach['gpus']} GPU(s).", "",
+      f"Each run evaluates {summary['eval_split']} every "
+      f"{summary['eval_every_steps']} steps ({summary['eval_points']} points). "
+      "Times are the training clock: time inside the training loops, the "
+      "first loop's tracing (compile) and every evaluation excluded and "
+      "reported apart. Values are the mean over seeds, [min, max] in "
+      "brackets.", ""]
+  if summary["module_costs"]["placement"] not in ("simulated", "gpu"):
+    lines += [f"**Op costs measured with placement="
+              f"{summary['module_costs']['placement']}: an op may use "
+              "several cores, so the model columns are not one core per "
+              "module.**", ""]
+  if summary["jobs"] > 1:
+    lines += [f"**Runs overlapped ({summary['jobs']} at a time): the times "
+              "below are not a clean measurement.**", ""]
+  lines += [
+      "## Step time", "",
+      f"Measured here, and from the schedule model fed with this network's "
+      f"measured per-module op costs: with {cores} core(s) as here, and "
+      f"predicted with one core per module ({k}). The predicted columns are "
+      "a model, not a measurement.", "",
+      "| strategy | steps | median step ms (measured) | model here ms | "
+      f"predicted, {k} cores ms | speedup vs e2e measured | model here | "
+      f"predicted | compile s | eval s (total) | final {metric} |",
+      "|" + "---|" * 11]
+  for name, row in rows.items():
+    speed = row["speedup_vs_e2e"] or {}
+    cells = [name, str(row["steps"]), _ms(row["median_step_s"]["mean"]),
+             _ms(row["predicted_step_s"]["here"]),
+             _ms(row["predicted_step_s"]["one_core_per_module"])]
+    cells += [f"{speed[key]:.2f}x" if speed else "-"
+              for key in ("measured", "model_here", "predicted")]
+    cells += [f"{row['compile_s']['mean']:.3g}", f"{row['eval_s']['mean']:.3g}",
+              _band_text(row["final"]["final"][metric])]
+    lines.append("| " + " | ".join(cells) + " |")
+  budget, target = summary["budget_s"], summary["target"]
+  target_text = "none" if target is None else f"{target:.4f}"
+  lines += [
+      "", "## Fixed budget", "",
+      f"Budget: the fastest strategy's time for the whole run, "
+      f"{budget['measured']:.3g} s measured here and {budget['predicted']:.3g}"
+      f" s predicted with one core per module. Target {metric}: "
+      f"{target_text} ({summary['target_source']}); time to reach it on the "
+      "mean curve, linear between evaluations; '-': the budget ends before "
+      "the strategy's first evaluation. **The predicted columns put "
+      "the measured per-step curves on the predicted step times: a "
+      "prediction, not a measurement.**", "",
+      f"| strategy | {metric} at {budget['measured']:.3g} s (measured) | "
+      f"time to target s (measured) | {metric} at {budget['predicted']:.3g} s"
+      " (predicted) | time to target s (predicted) |",
+      "|" + "---|" * 5]
+  for name, row in rows.items():
+    measured, predicted = row["outcome"]["measured"], row["outcome"][
+        "predicted"]
+    lines.append("| " + " | ".join([
+        name, _band_text(measured["metric_at_budget"]),
+        _seconds_text(measured["time_to_target_s"]),
+        _band_text(predicted["metric_at_budget"]),
+        _seconds_text(predicted["time_to_target_s"])]) + " |")
+  lines += ["", "Plots: " + (", ".join(summary["plots"]) or
+                             "not drawn (--noplots)") + ".", "",
+            "## Reading", "",
+            "TO FILL after the real run: where the ranking agrees with "
+            "Gomez et al. (2022), where it does not, and why.", "",
+            "## Command", "", "```", summary["command"], "```", ""]
+  return "\n".join(lines)
+
+
+def plot(summary, out_dir):
+  """Draws `PLOTS`: mean curve and min-max band per strategy."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  metric, k = summary["metric"], summary["num_modules"]
+  axes_of = {
+      PLOTS[0]: ("training steps", lambda row: [p["step"] for p in
+                                                row["curve"]], None),
+      PLOTS[1]: ("training seconds, measured here (no compile, no eval)",
+                 lambda row: [p["seconds"] for p in row["curve"]],
+                 summary["budget_s"]["measured"]),
+      PLOTS[2]: (f"training seconds, PREDICTED with one core per module "
+                 f"(K = {k})",
+                 lambda row: [p["step"] * row["predicted_step_s"][
+                     "one_core_per_module"] for p in row["curve"]],
+                 summary["budget_s"]["predicted"]),
+  }
+  for name, (label, xs_of, budget) in axes_of.items():
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    for strategy, row in summary["strategies"].items():
+      xs = xs_of(row)
+      line, = axes.plot(xs, [p["mean"] for p in row["curve"]], marker="o",
+                        markersize=3, label=strategy)
+      axes.fill_between(xs, [p["min"] for p in row["curve"]],
+                        [p["max"] for p in row["curve"]],
+                        color=line.get_color(), alpha=0.2)
+    if budget is not None:
+      axes.axvline(budget, color="gray", linestyle="--", linewidth=1,
+                   label="budget")
+    if summary["target"] is not None:
+      axes.axhline(summary["target"], color="gray", linestyle=":",
+                   linewidth=1, label="target")
+    axes.set_xlabel(label)
+    axes.set_ylabel(f"{metric} (last head), mean and min-max over seeds")
+    axes.set_title(f"{summary['preset']}, K = {k}")
+    axes.set_xlim(left=0)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    pyplot.close(figure)
+    with tf.io.gfile.GFile(os.path.join(out_dir, name), "wb") as f:
+      f.write(buffer.getvalue())
