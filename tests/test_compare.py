@@ -55,8 +55,8 @@ def _check_results(out_dir):
           sum(p["eval_s"] for p in run["curve"]))
       assert (run["training_s"] + run["compile_s"] + run["eval_s"] <=
               run["wall_s"] + 1e-6), name
-      assert run["training_s"] == pytest.approx(
-          run["median_step_s"] * 20, rel=0.5), name
+      # Tracing takes far longer than the first loop's 5 steps would.
+      assert run["compile_s"] > 25 * run["median_step_s"], name
     # The band: mean, min and max over the seeds, point by point.
     for j, point in enumerate(row["curve"]):
       values = [run["curve"][j]["value"] for run in runs]

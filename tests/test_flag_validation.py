@@ -17,6 +17,7 @@ from layers import common
 from layers.interlock_module import InterlockModule
 from tests.binaries import ROOT
 from tf_interlock.data import images
+from tf_interlock.data import text
 from train import config as config_lib
 from train import runtime_env
 from train import setup_lib
@@ -67,7 +68,7 @@ def _cases(tmp_path, prepared):
   a_file = tmp_path / "a_file"
   a_file.write_text("not a directory")
   corpus = _text_corpus(tmp_path / "corpus")
-  text = ["--preset=fortunes_lm", "--dataset=text_files",
+  lm = ["--preset=fortunes_lm", "--dataset=text_files",
           f"--source_dir={corpus}", f"--data_dir={tmp_path}/text_data",
           "--vocab_kind=char", "--vocab_size=40", "--placement=single",
           "--num_layers=2", "--num_modules=2", "--d_model=16",
@@ -84,7 +85,7 @@ def _cases(tmp_path, prepared):
        [f"--data_dir='{a_file}'", "not a file"]),
       (True, SYNTH + ["--placement=tpu", "--tpu=nosuchtpu"],
        ["--tpu='nosuchtpu'", "cannot reach the TPU"]),
-      (True, text + ["--seq_len=50000"], ["--seq_len=50000", "training split"]),
+      (True, lm + ["--seq_len=50000"], ["--seq_len=50000", "training split"]),
       (True, ["--preset=fashion_mnist_resnet", "--placement=single",
               "--batch_size=50", f"--source_dir={prepared[0]}",
               f"--data_dir={truncated}"],
@@ -111,8 +112,8 @@ def _cases(tmp_path, prepared):
        [f"--data_dir='{a_file}/tfds'", "which is a file"]),
       (False, SYNTH + [f"--source_dir={a_file}"],
        [f"--source_dir='{a_file}'", "not a file"]),
-      (False, text + ["--epochs=0.001"], ["--epochs=0.001", "gives 0 steps"]),
-      (False, text + ["--vocab_kind=wordpiece", "--vocab_size=4"],
+      (False, lm + ["--epochs=0.001"], ["--epochs=0.001", "gives 0 steps"]),
+      (False, lm + ["--vocab_kind=wordpiece", "--vocab_size=4"],
        ["vocab_size=4", "too small"]),
   ]
 
@@ -158,15 +159,39 @@ def _check(flags_given, words, code, err, model_dir):
   assert not model_dir.exists(), flags_given
 
 
-def test_bad_flags_fail_in_one_line_and_write_nothing(tmp_path, capsys,
-                                                     prepared):
+@pytest.fixture(scope="module")
+def started(tmp_path_factory, prepared):
+  """Every binary run of this file, started at once (they run in parallel).
+
+  Returns:
+    {"cases": (cases, tmp_path), "bad": [(flags, words, model_dir, proc)],
+     "quiet": [proc, proc]}: the bad-flag runs through the binary, and a
+    5-step run without and with --verbosity=0.
+  """
+  tmp_path = tmp_path_factory.mktemp("flags")
   cases = _cases(tmp_path, prepared)
-  runs = []
+  bad = []
   for i, (binary, flags_given, words) in enumerate(cases):
     if binary:
       model_dir = tmp_path / f"run{i}"
-      runs.append((flags_given, words, model_dir,
-                   _start(flags_given + [f"--model_dir={model_dir}"])))
+      bad.append((flags_given, words, model_dir,
+                  _start(flags_given + [f"--model_dir={model_dir}"])))
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env["PYTHONPATH"] = ROOT
+  quiet = [subprocess.Popen(
+      [sys.executable, "-m", "train.train", *SYNTH, "--train_steps=5",
+       f"--model_dir={tmp_path / f'quiet{i}'}", *verbosity], cwd=ROOT,
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i, verbosity in enumerate(([], ["--verbosity=0"]))]
+  yield {"cases": (cases, tmp_path), "bad": bad, "quiet": quiet}
+  for proc in [run[-1] for run in bad] + quiet:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+
+
+def test_bad_flags_fail_in_one_line_and_write_nothing(started, capsys):
+  cases, tmp_path = started["cases"]
   try:
     for i, (binary, flags_given, words) in enumerate(cases):
       if not binary:
@@ -176,11 +201,9 @@ def test_bad_flags_fail_in_one_line_and_write_nothing(tmp_path, capsys,
         _check(flags_given, words, code, err, model_dir)
   finally:
     absl_flags.FLAGS.unparse_flags()
-    for *_, proc in runs:
-      _, err = proc.communicate(timeout=300)
-      proc.err = err
-  for flags_given, words, model_dir, proc in runs:
-    _check(flags_given, words, proc.returncode, proc.err, model_dir)
+  for flags_given, words, model_dir, proc in started["bad"]:
+    _, err = proc.communicate(timeout=300)
+    _check(flags_given, words, proc.returncode, err, model_dir)
 
 
 def _config(**fields):
@@ -204,7 +227,6 @@ def test_total_steps_for_every_dataset_kind(tmp_path):
                    vocab_kind="char", vocab_size=40, seq_len=16,
                    train_steps=None, epochs=3, batch_size=8)
   docs, _ = setup_lib.split_sizes(config)
-  from tf_interlock.data import text  # pylint: disable=g-import-not-at-top
   train_docs = [d for d in text.read_documents(corpus)
                 if not text.is_validation(d, 0.05)]
   tokens = sum(len(d) + 1 for d in train_docs)
@@ -326,19 +348,12 @@ def test_verbosity_is_read_from_the_command_line():
   assert "TF_CPP_MIN_LOG_LEVEL" not in runtime_env.environment_defaults(True)
 
 
-def test_a_run_is_quiet_unless_verbosity_asks(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-  env["PYTHONPATH"] = ROOT
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "train.train", *SYNTH, "--train_steps=5",
-       f"--model_dir={tmp_path / str(i)}", *verbosity], cwd=ROOT, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i, verbosity in enumerate(([], ["--verbosity=0"]))]
+def test_a_run_is_quiet_unless_verbosity_asks(started):
   (quiet_out, quiet), (_, verbose) = [p.communicate(timeout=300)
-                                      for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], (quiet, verbose)
+                                      for p in started["quiet"]]
+  assert [p.returncode for p in started["quiet"]] == [0, 0], (quiet, verbose)
   assert "step 5/5" in quiet_out
-  # absl INFO (checkpoint sharding) and TF's C++ INFO lines at import.
-  for noise in ("Sharding callback", "oneDNN custom operations"):
+  # absl INFO (checkpoint sharding) and what TF's C++ prints at import.
+  for noise in ("Sharding callback", "before absl::InitializeLog()"):
     assert noise not in quiet, quiet
     assert noise in verbose, noise

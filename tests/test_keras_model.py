@@ -124,6 +124,24 @@ def test_fit_updates_equal_the_trainers():
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
+def test_fit_under_mirrored_strategy(mirrored):
+  x, y = data(num=2 * BATCH)
+  with mirrored.scope():
+    model = InterlockModel(
+        keras_split.from_keras(sequential_cnn(size=SIZE), 3), "2wise")
+    model.compile("sgd", metrics="accuracy", steps_per_execution=2)
+  history = model.fit(x, y, batch_size=BATCH, verbose=0,
+                      validation_data=(x, y))
+  assert [int(o.iterations.numpy()) for o in model.trainer.optimizers] == [
+      2, 2, 2]
+  # Validation runs each replica's share of the batch; the trackers must
+  # combine them into the mean over all examples.
+  per_example = keras.losses.sparse_categorical_crossentropy(
+      y, model(x), from_logits=True)
+  assert history.history["val_loss"][0] == pytest.approx(
+      float(np.mean(per_example)), rel=1e-5)
+
+
 def test_evaluate_predict_exits_save_and_export(tmp_path):
   x, y = data(num=20)
   model = cnn_model(strategy="local")

@@ -15,6 +15,7 @@ import uuid
 import pytest
 import tensorflow as tf
 
+from tests.binaries import ROOT
 from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from train import config as config_lib
@@ -69,4 +70,7 @@ def test_train_kill_resume_export_evaluate_on_ram(tmp_path, monkeypatch):
     assert abs(results[head]["accuracy"] -
                summary["eval"][head]["accuracy"]) < 1e-6, head
   assert export_lib.read_marker(saved_model)["model_dir"] == model_dir
+  # os.path.abspath("ram://x") is "<cwd>/ram:/x": nothing of the sort here,
+  # nor in the repository.
   assert os.listdir(tmp_path) == []
+  assert not os.path.exists(os.path.join(ROOT, "ram:"))

@@ -120,8 +120,12 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
       break
   proc.wait(timeout=60)
   assert proc.returncode == -signal.SIGKILL
+  # The killed run's lock names a dead process on this host: taken over.
+  assert os.path.exists(os.path.join(killed, "lock.json"))
   resumed = run_binary("train.train", *flags, f"--model_dir={killed}")
   assert "at step 10" in resumed.stdout
+  assert "warning: taking over" in resumed.stderr
+  assert not os.path.exists(os.path.join(killed, "lock.json"))
   a, b = _final_weights(straight), _final_weights(killed)
   assert a.keys() == b.keys() and len(a) >= 40
   for name in a:

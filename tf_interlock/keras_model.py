@@ -252,7 +252,8 @@ class InterlockModel(keras.Model):
                                         epochs=epochs, verbose=verbose)
     kwargs.setdefault("validation_batch_size", batch_size)
     return super().fit(dataset, epochs=epochs, verbose=verbose,
-                       callbacks=callbacks, shuffle=False, validation_data=validation_data,
+                       callbacks=callbacks, shuffle=False,
+                       validation_data=validation_data,
                        initial_epoch=initial_epoch,
                        steps_per_epoch=keras_steps, **kwargs)
 

@@ -154,7 +154,11 @@ class RunDir:
     """The run's id (run.json), made on first use if `create`."""
     path = self.file(RUN_INFO)
     if tf.io.gfile.exists(path):
-      return self._read_json(path)["run_id"]
+      run_id = self._read_json(path).get("run_id")
+      if not isinstance(run_id, str):
+        raise ValueError(f"{path} holds no run_id; nothing was changed: "
+                         f"repair or move it. {self._received}")
+      return run_id
     if not create:
       return None
     run_id = uuid.uuid4().hex
@@ -175,9 +179,9 @@ class RunDir:
     target = paths.normalize(export_dir or self.default_export_dir)
     received = f"Received: {name.lstrip('-')}={target!r}"
     if paths.is_within(self.path, target):
-      raise ValueError(f"{name}={target} would replace the run directory "
-                       f"{self.path} it lies in; use a separate directory. "
-                       f"{received}")
+      raise ValueError(f"{name}={target} is model_dir or a folder above "
+                       f"it: the export would replace the run directory "
+                       f"{self.path}; use a separate directory. {received}")
     for entry in (CHECKPOINTS, TRAIN_LOGS, EVAL_LOGS, CONFIG, RUN_INFO, LOCK):
       if paths.is_within(target, self.file(entry)):
         raise ValueError(f"{name}={target} lies in the run's {entry}; use "

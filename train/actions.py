@@ -12,6 +12,8 @@ import signal
 
 import tensorflow as tf
 
+from tf_interlock import metric_names
+
 
 class TrainingError(RuntimeError):
   """A run stopped on purpose (NaN, preemption); the message says why."""
@@ -27,12 +29,20 @@ class StepVariable:
     self.variable.assign(loop.step)
 
 
+def _losses(metrics):
+  """[("L1", loss of module 1), ...] in module order."""
+  found = []
+  for key, value in metrics.items():
+    index, name = metric_names.parse_metric_name(key)
+    if name == "loss":
+      found.append((index, f"L{index + 1}", value))
+  return [(label, value) for _, label, value in sorted(found)]
+
+
 def progress_line(loop, batch_size):
   """One line per loop: step, speed, each module's loss, time left."""
-  losses = " ".join(
-      f"L{key.split('/')[0].split('_')[1]}={value:.4f}"
-      for key, value in sorted(loop.metrics.items())
-      if key.endswith("/loss"))
+  losses = " ".join(f"{label}={value:.4f}"
+                    for label, value in _losses(loop.metrics))
   of = f"/{loop.total_steps}" if loop.total_steps else ""
   rate = (loop.step - loop.first_step) / max(loop.elapsed_s, 1e-9)
   eta = (f" eta={(loop.total_steps - loop.step) / rate:.0f}s"
@@ -52,10 +62,7 @@ class Progress:
 
   def after_loop(self, loop):
     if self.progbar is not None:
-      self.progbar.update(loop.step, [
-          (key.replace("module_", "L").split("/")[0], value)
-          for key, value in sorted(loop.metrics.items())
-          if key.endswith("/loss")])
+      self.progbar.update(loop.step, _losses(loop.metrics))
     else:
       print(progress_line(loop, self.batch_size), file=self.out, flush=True)
 
@@ -233,7 +240,8 @@ class NanPolicy:
       self.skipped = 0
       return None
     self.skipped += 1
-    module, name = key.split("/")
+    _, name = metric_names.parse_metric_name(key)
+    module = key[:-len(name) - 1]  # "module_k"
     message = (f"non-finite {name} in {module} at steps {step + 1}.."
                f"{step + num_steps}")
     latest = self.manager.latest_checkpoint

@@ -91,18 +91,8 @@ def make_study(strategies, seeds, eval_points, jobs, out_dir):
       num_modules=config.num_modules, out_dir=out_dir, jobs=jobs)
 
 
-def write_outputs(summary, out_dir):
-  """results.json, report.md and (unless --noplots) the PNGs in out_dir."""
-  tf.io.gfile.makedirs(out_dir)
-  if _PLOTS.value:
-    study_report.plot(summary, out_dir)
-  study_lib.write_json(os.path.join(out_dir, "results.json"), summary)
-  with tf.io.gfile.GFile(os.path.join(out_dir, "report.md"), "w") as f:
-    f.write(study_report.report_markdown(summary))
-
-
 def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):
-  """Runs (or reuses) every run, then writes the outputs."""
+  """Checks the flags, then runs (or reuses) every run and reports."""
   study = make_study(strategies, seeds, eval_points, jobs, out_dir)
   report_dir = _REPORT_DIR.value
   if report_dir and paths.file_above(report_dir) is not None:
@@ -112,32 +102,10 @@ def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):
   if _PLOTS.value and not importlib.util.find_spec("matplotlib"):
     raise ValueError("the plots need matplotlib (pip install matplotlib); "
                      "or pass --noplots. Received: plots=True")
-  tf.io.gfile.makedirs(os.path.join(out_dir, "logs"))
-  costs = study_lib.measure_costs(study, _COST_REPEATS.value)
-  runs = study_lib.run_all(study)
-  cores_here = min(study.num_modules, os.cpu_count())
-  predicted = study_lib.predict_step_times(
-      costs, study.strategies, sorted({cores_here, study.num_modules}))
-  batches = study.overrides["eval_batches"]
-  summary = {
-      "command": command, "machine": study_report.machine(),
-      "preset": study.preset, "overrides": study.overrides,
-      "train_steps": study.train_steps, "seeds": list(study.seeds),
-      "eval_points": eval_points, "eval_every_steps": study.eval_every_steps,
-      "eval_split": "the whole evaluation split" if batches == "none" else
-                    f"{batches} batches of the evaluation split (NOT all)",
-      "metric": study.metric, "higher_is_better": study.metric == "accuracy",
-      "num_modules": study.num_modules, "cores_here": cores_here,
-      "jobs": jobs, "module_costs": costs,
-      "strategies": {s: study_lib.aggregate_runs(rows)
-                     for s, rows in runs.items()},
-  }
-  study_report.add_projection(summary, predicted, cores_here, target)
-  summary["plots"] = list(study_report.PLOTS) if _PLOTS.value else []
-  for name, row in summary["strategies"].items():
-    row["runs"] = runs[name]
-  for directory in dict.fromkeys([out_dir, _REPORT_DIR.value or out_dir]):
-    write_outputs(summary, directory)
+  study_report.run_and_report(
+      study, eval_points=eval_points, target=target, plots=_PLOTS.value,
+      cost_repeats=_COST_REPEATS.value, command=command,
+      report_dir=report_dir)
 
 
 def main(argv):

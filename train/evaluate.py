@@ -48,6 +48,7 @@ def main(argv):
         _SAVED_MODEL.value,
         flag_config.model_dir if "model_dir" in given else None,
         flag_config, given, preset_given=flags.FLAGS["preset"].present)
+    config_lib.validate(config)  # the train binary's rules, e.g. --data_dir
     task = setup_lib.make_task(config, with_train=False)
     dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
         task.eval)

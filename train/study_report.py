@@ -12,6 +12,7 @@ import platform
 import tensorflow as tf
 
 from tf_interlock import projection
+from train import study_lib
 
 PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
          "metric_vs_predicted_seconds.png")
@@ -226,3 +227,58 @@ def plot(summary, out_dir):
     pyplot.close(figure)
     with tf.io.gfile.GFile(os.path.join(out_dir, name), "wb") as f:
       f.write(buffer.getvalue())
+
+
+def write_outputs(summary, out_dir, plots):
+  """results.json, report.md and (if `plots`) the PNGs in out_dir."""
+  tf.io.gfile.makedirs(out_dir)
+  if plots:
+    plot(summary, out_dir)
+  study_lib.write_json(os.path.join(out_dir, "results.json"), summary)
+  with tf.io.gfile.GFile(os.path.join(out_dir, "report.md"), "w") as f:
+    f.write(report_markdown(summary))
+
+
+def run_and_report(study, *, eval_points, target, plots, cost_repeats,
+                   command, report_dir=None):
+  """Measures the op costs, runs (or reuses) every run, writes the outputs.
+
+  Args:
+    study: a `study_lib.Study`.
+    eval_points: evaluations per run (for the report).
+    target: the metric to reach; None: e2e's mean final metric.
+    plots: draw the PNGs (needs matplotlib).
+    cost_repeats: timed calls per op for the op costs.
+    command: the command line, for the report.
+    report_dir: a second folder for the outputs (None: out_dir only).
+
+  Returns:
+    The summary written to results.json.
+  """
+  tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
+  costs = study_lib.measure_costs(study, cost_repeats)
+  runs = study_lib.run_all(study)
+  cores_here = min(study.num_modules, os.cpu_count())
+  predicted = study_lib.predict_step_times(
+      costs, study.strategies, sorted({cores_here, study.num_modules}))
+  batches = study.overrides["eval_batches"]
+  summary = {
+      "command": command, "machine": machine(),
+      "preset": study.preset, "overrides": study.overrides,
+      "train_steps": study.train_steps, "seeds": list(study.seeds),
+      "eval_points": eval_points, "eval_every_steps": study.eval_every_steps,
+      "eval_split": "the whole evaluation split" if batches == "none" else
+                    f"{batches} batches of the evaluation split (NOT all)",
+      "metric": study.metric, "higher_is_better": study.metric == "accuracy",
+      "num_modules": study.num_modules, "cores_here": cores_here,
+      "jobs": study.jobs, "module_costs": costs,
+      "strategies": {s: study_lib.aggregate_runs(rows)
+                     for s, rows in runs.items()},
+  }
+  add_projection(summary, predicted, cores_here, target)
+  summary["plots"] = list(PLOTS) if plots else []
+  for name, row in summary["strategies"].items():
+    row["runs"] = runs[name]
+  for directory in dict.fromkeys([study.out_dir, report_dir or study.out_dir]):
+    write_outputs(summary, directory, plots)
+  return summary

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from tf_interlock import losses
+from tf_interlock import metric_names
 from tf_interlock import placement as placement_lib
 from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
@@ -61,7 +62,8 @@ def _apply_hyperparameters(trainer, config):
 
 
 def _learning_rates(trainer):
-  return {f"module_{k + 1}/learning_rate": float(opt.learning_rate)
+  return {metric_names.metric_name(k, "learning_rate"):
+          float(opt.learning_rate)
           for k, opt in enumerate(trainer.optimizers)}
 
 

@@ -13,6 +13,7 @@ with deterministic=True gives the same batches on every run.
 """
 
 import dataclasses
+import os
 import random
 from typing import Mapping, Optional, Tuple
 
@@ -209,6 +210,10 @@ def check_prepared_dataset(name: str, *, data_dir: Optional[str] = None,
   """
   info = dataset_info(name)
   tfds_name = tfds_name or info.tfds_name
+  root = (data_dir or os.environ.get("TFDS_DATA_DIR") or
+          tfds.core.constants.DATA_DIR)
+  if not tf.io.gfile.exists(os.path.join(root, tfds_name)):
+    return  # Never prepared here (and no builder to warn about it).
   builder = tfds.builder(tfds_name, data_dir=data_dir,
                          **_builder_kwargs(tfds_name, source_dir))
   if builder.is_prepared():
