@@ -74,7 +74,10 @@ def test_make_plan_blocks():
       "2 devices x 1 thread, 2 modules each")
   with pytest.raises(ValueError, match=r"Received: num_devices=5$"):
     threading_plan.make_plan(4, 5, 1)
-  assert len(threading_plan.candidate_plans(4, 2)) == 8
+  # D in (4, 2, 1) (D divides K) x t in (1, 2).
+  assert [(p.num_devices, p.threads_per_device)
+          for p in threading_plan.candidate_plans(4, 2)] == [
+              (4, 1), (4, 2), (2, 1), (2, 2), (1, 1), (1, 2)]
 
 
 # f = bx = bw = 1, no aux or update cost, K = 2, 2 cores, e = 0.64.

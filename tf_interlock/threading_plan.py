@@ -90,10 +90,12 @@ def make_plan(num_modules, num_devices, threads_per_device):
 
 
 def candidate_plans(num_modules, num_cores):
-  """Every plan with D in 1..K devices and t in 1..num_cores threads."""
+  """Every plan with D devices (D divides K: equal modules per device) and
+  t in 1..num_cores threads."""
   _check_int("num_cores", num_cores, 1)
   return [make_plan(num_modules, d, t)
-          for d in range(num_modules, 0, -1) for t in range(1, num_cores + 1)]
+          for d in range(num_modules, 0, -1) if num_modules % d == 0
+          for t in range(1, num_cores + 1)]
 
 
 def predict(costs, strategy, plan, num_cores, *,

@@ -64,7 +64,8 @@ _EFFICIENCY = flags.DEFINE_float(
 _BASELINE = flags.DEFINE_bool(
     "baseline", True, "Also time plain Keras fit on all cores (own process).")
 _FIT = flags.DEFINE_bool(
-    "fit", True, "Also time each strategy through InterlockModel.fit.")
+    "fit", True, "Also time each strategy through InterlockModel.fit (on "
+    "the first threading plan only).")
 _ROLE = flags.DEFINE_string(
     "role", "main", "Internal: main, worker (one threading plan) or "
     "baseline (plain Keras, default threading).")
@@ -203,10 +204,12 @@ def simulated_runs(strategies, cores):
   for plan in dict.fromkeys(plans.values()):
     if plan not in runs:
       names = [n for n in strategies if plans[n] == plan]
+      # InterlockModel.fit is timed next to train_loop on the first plan.
       runs[plan] = run_child(
           role="worker", strategies=_with_e2e(names),
           threads_per_device=plan.threads_per_device,
-          modules_per_device=k // plan.num_devices)
+          modules_per_device=k // plan.num_devices,
+          fit=_FIT.value and not runs)
   return plans, runs
 
 

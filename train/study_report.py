@@ -110,6 +110,7 @@ def report_markdown(summary):
   metric, rows, k = summary["metric"], summary["strategies"], summary[
       "num_modules"]
   mach, cores = summary["machine"], summary["cores_here"]
+  digits = 4 if metric == "accuracy" else 1
   seeds = len(next(iter(rows.values()))["seeds"])
   lines = [
       f"# {summary['preset']}: {summary['train_steps']} steps per run, "
@@ -148,10 +149,10 @@ def report_markdown(summary):
     cells += [f"{speed[key]:.2f}x" if speed else "-"
               for key in ("measured", "model_here", "predicted")]
     cells += [f"{row['compile_s']['mean']:.3g}", f"{row['eval_s']['mean']:.3g}",
-              _band_text(row["final"]["final"][metric])]
+              _band_text(row["final"]["final"][metric], digits)]
     lines.append("| " + " | ".join(cells) + " |")
   budget, target = summary["budget_s"], summary["target"]
-  target_text = "none" if target is None else f"{target:.4f}"
+  target_text = "none" if target is None else f"{target:.{digits}f}"
   lines += [
       "", "## Fixed budget", "",
       f"Budget: the fastest strategy's time for the whole run, "
@@ -170,9 +171,9 @@ def report_markdown(summary):
     measured, predicted = row["outcome"]["measured"], row["outcome"][
         "predicted"]
     lines.append("| " + " | ".join([
-        name, _band_text(measured["metric_at_budget"]),
+        name, _band_text(measured["metric_at_budget"], digits),
         _seconds_text(measured["time_to_target_s"]),
-        _band_text(predicted["metric_at_budget"]),
+        _band_text(predicted["metric_at_budget"], digits),
         _seconds_text(predicted["time_to_target_s"])]) + " |")
   lines += ["", "Plots: " + (", ".join(summary["plots"]) or
                              "not drawn (--noplots)") + ".", "",
