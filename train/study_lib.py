@@ -32,6 +32,7 @@ from tensorboard.backend.event_processing import event_file_loader
 import tensorflow as tf
 
 from tf_interlock import projection
+from tf_interlock import run_dir
 from tf_interlock import schedule
 from train import config as config_lib
 
@@ -171,8 +172,9 @@ def account_time(loops, eval_walls):
 
 def summarize_run(model_dir, metric):
   """Step times, clocks, final evaluation and curve of a finished run."""
-  train = read_scalars(os.path.join(model_dir, "train"))
-  evals = read_scalars(os.path.join(model_dir, "eval"))
+  run = run_dir.RunDir(model_dir)
+  train = read_scalars(run.train_log_dir)
+  evals = read_scalars(run.eval_log_dir)
   curve_points = evals[f"final/{metric}"]
   timing = account_time(train["step_time_s"],
                         {step: wall for step, wall, _ in curve_points})
