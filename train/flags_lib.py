@@ -28,6 +28,8 @@ _HELP = {
     "time_budget_s": "Stop after this many seconds of training.",
     "on_nan": "stop (exit non-zero) or skip (roll back, move on).",
     "tpu": "Cloud TPU name or grpc:// address (placement=tpu).",
+    "resume_from": "Resume from this complete checkpoint (ckpt-N) of the "
+                   "run, e.g. when checkpoints/checkpoint is damaged.",
 }
 
 
