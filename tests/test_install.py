@@ -12,7 +12,9 @@ import os
 import pytest
 from setuptools.config import pyprojecttoml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# realpath: under `bazel test` this file is a runfiles symlink into the
+# checkout, whose package folders the test compares with.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 TOP_LEVEL = ("tf_interlock", "layers", "train")
 
 

@@ -48,6 +48,7 @@ TEST_SIZES = {
 _VALID_SIZES = ("small", "medium", "large", "enormous")
 # Files besides pytest.ini that a test reads at run time.
 TEST_DATA = {
+    "tests/test_install.py": ["pyproject.toml"],
     "tests/test_readme.py": ["README.md"],
 }
 
