@@ -96,6 +96,7 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
     report = f.read()
   assert results["command"] in report and "| e2e | 20 |" in report
   assert "Runs overlapped (2 at a time)" in report
+  assert "Not written yet: put it in reading.md" in report
   if HAS_MATPLOTLIB:
     for name in results["plots"]:
       with open(os.path.join(out_dir, name), "rb") as f:
@@ -106,6 +107,8 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
     assert "need matplotlib" in no_plotter.stderr.read()
 
   before = _mtimes(out_dir)
+  with open(os.path.join(out_dir, "reading.md"), "w") as f:
+    f.write("Local is worse, as in the paper.\n")
   rerun = _start(*common, *plots, "--jobs=2")
   other = _start(*common[:3], "--train_steps=40", "--eval_points=2",
                  "--strategies=e2e", "--noplots")
@@ -115,6 +118,8 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
   assert _check_results(out_dir)["strategies"] == results["strategies"]
   assert other.returncode == 1 and "use a new --out_dir" in stderr
   assert _mtimes(out_dir) == before
+  with open(os.path.join(out_dir, "report.md")) as f:
+    assert "## Reading\n\nLocal is worse, as in the paper.\n" in f.read()
 
 
 def test_flags_compare_sets_or_cannot_space_evenly():

@@ -27,14 +27,31 @@ def test_simulated_uses_distinct_devices():
 
 
 @pytest.mark.parametrize("kind,num,match", [
-    ("simulated", 5, "needs one CPU device per module: 5 modules but 4"),
-    ("gpu", 2, "needs one GPU device per module"),
+    ("simulated", 5, "needs 5 CPU devices for 5 modules but has 4"),
+    ("gpu", 2, "needs 2 GPU devices for 2 modules"),
     ("tpu", 2, "Received: cores_per_replica=None"),
     ("cpu", 2, "Received: placement='cpu'"),
 ])
 def test_bad_placements(kind, num, match):
   with pytest.raises(ValueError, match=match):
     placement_lib.make_placement(kind, num)
+
+
+def test_modules_share_devices_as_asked():
+  placement = placement_lib.make_placement("simulated", K,
+                                           module_devices=(0, 0, 1, 1))
+  assert [d[-5:] for d in placement.devices] == ["CPU:0", "CPU:0", "CPU:1",
+                                                 "CPU:1"]
+  with pytest.raises(ValueError, match=r"module_devices=\(0, 1\)"):
+    placement_lib.make_placement("simulated", K, module_devices=(0, 1))
+  with pytest.raises(ValueError, match="needs 5 CPU devices"):
+    placement_lib.make_placement("simulated", K, module_devices=(0, 1, 2, 4))
+
+
+def test_threads_that_cannot_be_applied_raise():
+  # The test runtime has started with TF's default intra-op pool.
+  with pytest.raises(RuntimeError, match="intra_op_threads=2"):
+    placement_lib.configure_simulated_devices(K, intra_op_threads=2)
 
 
 def test_trainer_places_variables_and_ops():

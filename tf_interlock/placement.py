@@ -64,6 +64,17 @@ def configure_simulated_devices(num_devices, intra_op_threads=1,
           f"Cannot create {num_devices} logical CPU devices after the TF "
           f"runtime has started; call configure_simulated_devices first. "
           f"Received: num_devices={num_devices}") from e
+  elif intra_op_threads != 1 and (
+      tf.config.threading.get_intra_op_parallelism_threads() !=
+      intra_op_threads):
+    # The devices exist already, so the runtime has started and its thread
+    # pools are fixed: a plan with more threads per op cannot be applied.
+    raise RuntimeError(
+        f"Cannot give ops {intra_op_threads} intra-op threads: the TF "
+        f"runtime started with "
+        f"{tf.config.threading.get_intra_op_parallelism_threads()} (0: TF's "
+        f"default); call configure_simulated_devices first. "
+        f"Received: intra_op_threads={intra_op_threads}")
   return [d.name for d in tf.config.list_logical_devices("CPU")][:num_devices]
 
 
@@ -187,13 +198,15 @@ def same_device(a, b):
   return True
 
 
-def make_placement(kind, num_modules, distribute=None):
+def make_placement(kind, num_modules, distribute=None, module_devices=None):
   """Builds and checks the placement of `num_modules` modules.
 
   Args:
     kind: "single", "simulated", "gpu" or "tpu".
     num_modules: K.
     distribute: the strategy the trainer runs under.
+    module_devices: "simulated" and "gpu" only: per module, the index of its
+      device (several modules may share one); None = module k on device k.
 
   Returns:
     A `Placement`.
@@ -215,16 +228,23 @@ def make_placement(kind, num_modules, distribute=None):
           f"cores per replica (see tpu_device_assignment). "
           f"Received: cores_per_replica={cores}")
     return Placement(kind, None, distribute)
+  if module_devices is None:
+    module_devices = list(range(num_modules))
+  elif len(module_devices) != num_modules or min(module_devices) < 0:
+    raise ValueError(
+        f"module_devices must give a device index >= 0 to each of the "
+        f"{num_modules} modules. Received: module_devices={module_devices}")
   device_type = "CPU" if kind == "simulated" else "GPU"
   found = [d.name for d in tf.config.list_logical_devices(device_type)]
-  if len(found) < num_modules:
+  needed = max(module_devices) + 1
+  if len(found) < needed:
     hint = (" Call placement.configure_simulated_devices(K) before TF "
             "starts." if kind == "simulated" else "")
     raise ValueError(
-        f"placement={kind} needs one {device_type} device per module: "
-        f"{num_modules} modules but {len(found)} devices {found}.{hint} "
+        f"placement={kind} needs {needed} {device_type} devices for "
+        f"{num_modules} modules but has {len(found)} {found}.{hint} "
         f"Received: num_modules={num_modules}")
-  return Placement(kind, found[:num_modules], distribute)
+  return Placement(kind, [found[d] for d in module_devices], distribute)
 
 
 def computation_shape(mesh_shape, cores_per_replica):

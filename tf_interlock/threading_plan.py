@@ -15,6 +15,7 @@ fixed when the runtime starts, so a plan applies to a whole process.
 """
 
 import dataclasses
+import os
 from typing import Sequence, Tuple
 
 from tf_interlock import schedule
@@ -57,6 +58,11 @@ class ThreadingPlan:
     if self.modules_per_device > 1:
       text += f", {self.modules_per_device} modules each"
     return text
+
+
+def host_cores():
+  """The cores this process may run on (its CPU affinity)."""
+  return len(os.sched_getaffinity(0))
 
 
 def _check_int(name, value, minimum):

@@ -76,11 +76,6 @@ _JSON_OUT = flags.DEFINE_string(
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def host_cores():
-  """The cores this process may run on."""
-  return len(os.sched_getaffinity(0))
-
-
 def validate():
   """One-line errors for bad flags, before anything runs."""
   check = config_lib.check_number
@@ -125,7 +120,7 @@ def _flag_args(**override):
            "steps", "steps_per_loop", "width", "layers_per_module",
            "image_size", "num_cores", "thread_efficiency", "fit")
   values = {name: flags.FLAGS[name].value for name in names}
-  values["num_cores"] = _CORES.value or host_cores()
+  values["num_cores"] = _CORES.value or threading_plan.host_cores()
   values.update(override)
   return [f"--{k}={','.join(v) if isinstance(v, list) else v}"
           for k, v in values.items() if v is not None]
@@ -154,14 +149,14 @@ def baseline_report():
   _, e2e = benchmark_lib.run_strategy(s, "e2e", placement, aux_heads=False)
   return {"plain_keras_step_s": plain, "e2e_single_step_s": e2e,
           "e2e_overhead_vs_keras": e2e / plain,
-          "baseline_threads": host_cores(),
+          "baseline_threads": threading_plan.host_cores(),
           "baseline_thread_pools": benchmark_lib.threading_state()}
 
 
 def worker_report(strategies, plan=None):
   """Times `strategies` in this process (on `plan` when simulated)."""
   s = spec()
-  cores = _CORES.value or host_cores()
+  cores = _CORES.value or threading_plan.host_cores()
   if plan is not None:
     placement_lib.configure_simulated_devices(
         plan.num_devices, intra_op_threads=plan.threads_per_device)
@@ -216,7 +211,7 @@ def simulated_runs(strategies, cores):
 def main_report():
   """The whole benchmark: workers, the baseline, speedups."""
   strategies = list(dict.fromkeys(_STRATEGIES.value))
-  cores = _CORES.value or host_cores()
+  cores = _CORES.value or threading_plan.host_cores()
   baseline = run_child(role="baseline") if _BASELINE.value else {}
   plain = baseline.get("plain_keras_step_s")
   results, runs_out = {}, []

@@ -79,14 +79,9 @@ def time_calls(fn, calls):
 
 def simulated_placement(plan):
   """Module k on logical CPU device plan.module_devices[k]."""
-  names = [d.name for d in tf.config.list_logical_devices("CPU")]
-  if len(names) < plan.num_devices:
-    raise ValueError(
-        f"the plan needs {plan.num_devices} logical CPU devices, found "
-        f"{names}: call placement.configure_simulated_devices first. "
-        f"Received: num_devices={plan.num_devices}")
-  return placement_lib.Placement(
-      "simulated", [names[d] for d in plan.module_devices])
+  return placement_lib.make_placement(
+      "simulated", len(plan.module_devices),
+      module_devices=plan.module_devices)
 
 
 def run_strategy(spec, strategy, placement, aux_heads=True):

@@ -60,6 +60,11 @@ class Config:
   variant: str = "only"
   num_modules: int = 4
   placement: str = "single"
+  # placement=simulated only: intra-op threads per logical CPU device and
+  # modules per device (0: chosen by the schedule model for this host's
+  # cores, `tf_interlock.threading_plan`). 1 and 1 is one core per module.
+  threads_per_device: int = 1
+  modules_per_device: int = 1
   num_microbatches: int = 1
   tpu: Optional[str] = None
   mixed_precision: str = "float32"
@@ -238,6 +243,16 @@ def _check_numbers(config):
   for name in ("epochs", "time_budget_s"):
     check_positive(name, getattr(config, name), allow_none=True)
   check_positive("learning_rate", config.learning_rate)
+  for name in ("threads_per_device", "modules_per_device"):
+    value = getattr(config, name)
+    check_number(name, value, minimum=0, integer=True)
+    if value != 1 and config.placement != "simulated":
+      fail(name, value, f"applies only to placement=simulated (placement="
+           f"{config.placement} uses the devices as they are); leave it 1")
+  if config.modules_per_device and (
+      config.num_modules % config.modules_per_device):
+    fail("modules_per_device", config.modules_per_device,
+         f"must divide num_modules={config.num_modules} (or be 0: chosen)")
   check_positive("resnet_width", config.resnet_width)
   check_positive("lr_decay_factor", config.lr_decay_factor)
   check_number("warmup_steps", config.warmup_steps, minimum=0, integer=True)

@@ -19,6 +19,11 @@ _HELP = {
     "strategy": "e2e, local, pairwise or Nwise (2wise, 3wise, ...).",
     "variant": "only (the released rule) or sum.",
     "placement": "single, simulated (K logical CPUs), gpu or tpu.",
+    "threads_per_device": "placement=simulated: intra-op threads of each "
+                          "logical CPU device (0: chosen by the schedule "
+                          "model for this host's cores).",
+    "modules_per_device": "placement=simulated: modules on each logical CPU "
+                          "device; divides num_modules (0: chosen).",
     "split": "Comma-separated block counts per module (model=mlp: hidden "
              "layers per module); default balanced (mlp: 1 each).",
     "epochs": "Train this many passes over the training split; replaces "

@@ -18,6 +18,8 @@ from layers import resnet
 from layers import transformer
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
+from tf_interlock import strategy as strategy_lib
+from tf_interlock import threading_plan
 from tf_interlock.data import images
 from tf_interlock.data import text
 from train import config as config_lib
@@ -43,10 +45,28 @@ class Task:
   train_size: Optional[int] = None  # examples (text: packed sequences)
 
 
+def simulated_plan(config):
+  """The `ThreadingPlan` of a simulated placement: logical devices, threads
+  per op, and which device each module is on.
+
+  A field set to 0 is chosen by the schedule model from nominal module costs
+  for this host's cores (`threading_plan.plan_for`); the default, 1 and 1,
+  is one device of one thread per module.
+  """
+  return threading_plan.plan_for(
+      config.num_modules,
+      strategy_lib.parse_strategy(config.strategy, config.variant),
+      threading_plan.host_cores(),
+      threads_per_device=config.threads_per_device or None,
+      modules_per_device=config.modules_per_device or None)
+
+
 def setup_runtime(config):
   """Process-wide settings; must run before the first TF op."""
   if config.placement == "simulated":
-    placement_lib.configure_simulated_devices(config.num_modules)
+    plan = simulated_plan(config)
+    placement_lib.configure_simulated_devices(
+        plan.num_devices, intra_op_threads=plan.threads_per_device)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(config.seed)

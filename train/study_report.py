@@ -16,6 +16,9 @@ from train import study_lib
 
 PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
          "metric_vs_predicted_seconds.png")
+# Our reading of a finished study, written by hand next to report.md; each
+# (re)run of the study copies it into the report's "Reading" section.
+READING = "reading.md"
 
 
 def machine():
@@ -105,8 +108,16 @@ def _seconds_text(value):
   return "not reached" if value is None else f"{value:.3g}"
 
 
-def report_markdown(summary):
-  """The tables, the machine and the command of a study."""
+def report_markdown(summary, reading=None):
+  """The tables, the machine and the command of a study.
+
+  Args:
+    summary: the study's results (`run_and_report`).
+    reading: the text of the "Reading" section, or None.
+
+  Returns:
+    The report as markdown.
+  """
   metric, rows, k = summary["metric"], summary["strategies"], summary[
       "num_modules"]
   mach, cores = summary["machine"], summary["cores_here"]
@@ -178,8 +189,11 @@ def report_markdown(summary):
   lines += ["", "Plots: " + (", ".join(summary["plots"]) or
                              "not drawn (--noplots)") + ".", "",
             "## Reading", "",
-            "TO FILL after the real run: where the ranking agrees with "
-            "Gomez et al. (2022), where it does not, and why.", "",
+            (reading or "").strip() or (
+                f"Not written yet: put it in {READING} next to this report "
+                "(where the ranking agrees with Gomez et al. (2022), where it "
+                "does not, and why) and rerun the command; finished runs are "
+                "reused."), "",
             "## Command", "", "```", summary["command"], "```", ""]
   return "\n".join(lines)
 
@@ -236,8 +250,13 @@ def write_outputs(summary, out_dir, plots):
   if plots:
     plot(summary, out_dir)
   study_lib.write_json(os.path.join(out_dir, "results.json"), summary)
+  reading_path = os.path.join(out_dir, READING)
+  reading = None
+  if tf.io.gfile.exists(reading_path):
+    with tf.io.gfile.GFile(reading_path) as f:
+      reading = f.read()
   with tf.io.gfile.GFile(os.path.join(out_dir, "report.md"), "w") as f:
-    f.write(report_markdown(summary))
+    f.write(report_markdown(summary, reading))
 
 
 def run_and_report(study, *, eval_points, target, plots, cost_repeats,

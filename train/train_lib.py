@@ -82,8 +82,10 @@ def build(config):
   distribute = setup_lib.make_distribute(config)
   task = setup_lib.make_task(config)
   steps = setup_lib.total_steps(config)
-  placement = placement_lib.make_placement(config.placement,
-                                           config.num_modules, distribute)
+  placement = placement_lib.make_placement(
+      config.placement, config.num_modules, distribute,
+      module_devices=(setup_lib.simulated_plan(config).module_devices
+                      if config.placement == "simulated" else None))
   with distribute.scope():
     modules = setup_lib.make_modules(config, task)
   trainer = InterlockTrainer(
@@ -198,6 +200,8 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
           config.to_json())})
   summary = {"step": step, "eval": evaluation_action.results,
              "export_dir": export_dir}
+  if config.placement == "simulated":
+    summary["threading"] = setup_lib.simulated_plan(config).describe()
   if task.unigram_perplexity is not None:
     summary["unigram_perplexity"] = task.unigram_perplexity
   print(json.dumps(summary), file=out, flush=True)

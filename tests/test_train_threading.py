@@ -1,0 +1,88 @@
+"""The train binary's threading plan: flags, the plan chosen, placement.
+
+On placement=simulated, --threads_per_device and --modules_per_device set
+how K modules map onto logical CPU devices and how many intra-op threads
+each op gets (0: the schedule model chooses for this host's cores).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import binaries
+from tf_interlock import strategy as strategy_lib
+from tf_interlock import threading_plan
+from train import config as config_lib
+from train import setup_lib
+
+FLAGS = ["--preset=synthetic_mlp", "--placement=simulated", "--mlp_width=64",
+         "--train_steps=10", "--steps_per_loop=5", "--seed=3",
+         "--checkpoint_every_steps=10", "--eval_every_steps=10"]
+
+
+def _config(**fields):
+  config = config_lib.load_preset("synthetic_mlp")
+  config.placement = "simulated"
+  for name, value in fields.items():
+    setattr(config, name, value)
+  return config
+
+
+def test_default_is_one_device_of_one_thread_per_module():
+  plan = setup_lib.simulated_plan(_config())
+  assert (plan.num_devices, plan.threads_per_device,
+          plan.module_devices) == (4, 1, (0, 1, 2, 3))
+
+
+def test_fixed_and_chosen_plans():
+  plan = setup_lib.simulated_plan(_config(threads_per_device=2,
+                                          modules_per_device=2))
+  assert plan.describe() == "2 devices x 2 threads, 2 modules each"
+  assert plan.module_devices == (0, 0, 1, 1)
+  for strategy in ("e2e", "local", "2wise"):
+    chosen = setup_lib.simulated_plan(_config(
+        strategy=strategy, threads_per_device=0, modules_per_device=0))
+    assert chosen == threading_plan.plan_for(
+        4, strategy_lib.parse_strategy(strategy),
+        threading_plan.host_cores())
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(placement="single", threads_per_device=2),
+     "--threads_per_device=2 is invalid: applies only to placement=simulated"),
+    (dict(placement="gpu", modules_per_device=2),
+     "--modules_per_device=2 is invalid: applies only to placement=simul"),
+    (dict(modules_per_device=3), "must divide num_modules=4"),
+    (dict(threads_per_device=-1), "must be an integer >= 0"),
+])
+def test_bad_threading_fields(fields, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.validate(_config(**fields))
+
+
+def _weights(model_dir):
+  reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+  return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()
+          if "VARIABLE_VALUE" in n and not n.startswith("save_counter")}
+
+
+def test_two_modules_per_device_train_the_same_weights(tmp_path):
+  summaries = {}
+  for name, extra in (("one_each", []),
+                      ("shared", ["--threads_per_device=2",
+                                  "--modules_per_device=2"])):
+    proc = binaries.run_binary("train.train", *FLAGS, *extra,
+                               f"--model_dir={tmp_path / name}")
+    summaries[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summaries["one_each"]["threading"] == "4 devices x 1 thread"
+  assert summaries["shared"]["threading"] == (
+      "2 devices x 2 threads, 2 modules each")
+  a = _weights(str(tmp_path / "one_each"))
+  b = _weights(str(tmp_path / "shared"))
+  assert a.keys() == b.keys() and len(a) >= 8
+  # Where the ops run changes only the order of float sums.
+  for key in a:
+    np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5)
