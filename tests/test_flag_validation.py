@@ -253,6 +253,14 @@ def test_warmup_applies_to_every_schedule(schedule):
     assert at(59) == pytest.approx(0.4) and at(61) == pytest.approx(0.04)
   if schedule == "cosine":
     assert at(60) == pytest.approx(0.2, rel=1e-3)  # half-way: cos = 0
+  # An optimizer with it round-trips through its config (as the op-cost
+  # profiler clones it), giving the same rates.
+  saved = keras.optimizers.SGD(lr).get_config()
+  keras.optimizers.SGD.from_config(saved)
+  clone = keras.optimizers.schedules.deserialize(saved["learning_rate"])
+  assert type(clone) is setup_lib.Warmup
+  for step in (0, 5, 30, 109):
+    assert float(clone(step)) == pytest.approx(at(step))
   no_warmup = setup_lib.learning_rate(
       dataclasses.replace(config, warmup_steps=0), 110)
   assert float(no_warmup(0) if callable(no_warmup) else no_warmup) == (

@@ -304,10 +304,15 @@ def total_steps(config, train_size=None):
   return steps
 
 
+@keras.saving.register_keras_serializable(package="tf_interlock")
 class Warmup(keras.optimizers.schedules.LearningRateSchedule):
   """Linear warmup from 0 to `target`, then `after` (a schedule or a float)
   evaluated from 0 again: lr(t) = target * t / w for t < w, else
-  after(t - w)."""
+  after(t - w).
+
+  Registered, so that an optimizer using it round-trips through
+  `get_config`/`from_config` (the op-cost profiler clones optimizers so).
+  """
 
   def __init__(self, target, warmup_steps, after):
     self.target = target
@@ -326,6 +331,13 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
              if callable(self.after) else self.after)
     return {"target": self.target, "warmup_steps": self.warmup_steps,
             "after": after}
+
+  @classmethod
+  def from_config(cls, config):
+    after = config["after"]
+    if isinstance(after, dict):
+      after = keras.optimizers.schedules.deserialize(after)
+    return cls(config["target"], config["warmup_steps"], after)
 
 
 def learning_rate(config, steps):
