@@ -4,7 +4,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo benchmark device-check data bazel-test clean
+.PHONY: setup test demo benchmark onednn-effect device-check data bazel-test clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ benchmark: setup
 	  > $(BENCH_OUT).txt.new
 	mv $(BENCH_OUT).txt.new $(BENCH_OUT).txt
 	cat $(BENCH_OUT).txt
+
+# oneDNN off vs on per preset (op costs in separate processes, and each
+# strategy's step time through the schedule model).
+onednn-effect: setup
+	$(PYTHON) -m train.onednn_effect --out_dir=docs/results/onednn_effect
 
 # Step time with one core (or GPU) per module, measured vs the schedule model,
 # in under 8 minutes (train/device_check.py); degenerate (K = 2) on < 8 cores.

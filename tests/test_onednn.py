@@ -1,12 +1,16 @@
 """oneDNN kernels on (train.runtime_env's default on x86-64) keep
---deterministic=true runs bitwise reproducible, through the real binary."""
+--deterministic=true runs bitwise reproducible, through the real binary;
+train.onednn_effect measures both settings, each in its own process."""
 
+import json
 import os
 import subprocess
 import sys
 
 import numpy as np
 import tensorflow as tf
+
+from tests import binaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--preset=synthetic_mlp", "--placement=simulated", "--mlp_width=256",
@@ -37,3 +41,33 @@ def test_deterministic_runs_are_bitwise_equal_with_onednn(tmp_path):
   assert a.keys() == b.keys() and len(a) >= 8
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_onednn_effect_measures_both_settings_in_their_own_processes(
+    tmp_path):
+  out_dir = tmp_path / "effect"
+  binaries.run_binary(
+      "train.onednn_effect", "--presets=synthetic_mlp", "--rounds=1",
+      "--repeats=2", "--strategies=e2e,local",
+      "--extra_flags=mlp_width=32,batch_size=16", f"--out_dir={out_dir}")
+  with open(out_dir / "onednn_effect.json") as f:
+    results = json.load(f)
+  row = results["presets"]["synthetic_mlp"]
+  for setting in ("off", "on"):
+    assert row[setting]["work_s"] > 0
+    # e2e does every op of the step; local skips the input VJPs.
+    e2e, local = (row[setting]["step_s"][s] for s in ("e2e", "local"))
+    assert set(e2e) == {f"{min(results['cores'], 4)} cores", "4 cores"}
+    assert 0 < local["4 cores"] <= e2e["4 cores"] <= row[setting]["work_s"]
+  report = (out_dir / "onednn_effect.md").read_text()
+  assert "| one-thread work per step |" in report
+  assert "| local step, 4 cores (model) |" in report
+
+
+def test_onednn_effect_refuses_an_unknown_preset(tmp_path):
+  proc = binaries.run_binary("train.onednn_effect", "--presets=mnist",
+                             f"--out_dir={tmp_path / 'x'}", check=False)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: --presets='mnist' is invalid: must be one of")
+  assert not (tmp_path / "x").exists()

@@ -48,6 +48,7 @@ def measure(config, repeats):
       "num_modules": config.num_modules,
       "placement": config.placement,
       "batch_size": config.batch_size,
+      "onednn": runtime_env.onednn_state(),
   }
 
 
