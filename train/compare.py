@@ -1,8 +1,8 @@
 r"""Every strategy over seeds, measured and projected: `python -m train.compare`.
 
   python -m train.compare --preset=fashion_mnist_resnet \
-      --strategies=e2e,local,2wise,3wise --seeds=3 --train_steps=600 \
-      --out_dir=runs/compare_fashion_mnist
+      --strategies=e2e,local,2wise,3wise --seeds=3 --train_steps=300 \
+      --out_dir=runs/study_fashion_mnist
 
 Each (strategy, seed) trains --train_steps steps (seed = --seed + i) in its
 own `python -m train.train` process, with --preset and every Config flag
