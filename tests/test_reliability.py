@@ -33,6 +33,8 @@ SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
 BAD_INPUTS = [
     (["--strategy=0wise"], ["--strategy='0wise'"]),
     (["--strategy=2wise", "--variant=mean"], ["--variant='mean'", "only"]),
+    (["--strategy=2wise-sum", "--variant=only"],
+     ["--strategy='2wise-sum'", "names variant 'sum'"]),
     (["--num_modules=0"], ["--num_modules=0"]),
     (["--preset=fashion_mnist_resnet", "--num_modules=10"],
      ["--num_modules=10", "9 blocks"]),

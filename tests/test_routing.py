@@ -30,6 +30,16 @@ def test_bad_window_and_variant():
     strategy_lib.parse_strategy("2wise", variant="max")
 
 
+def test_suffix_and_variant_must_agree():
+  assert strategy_lib.parse_strategy("2wise-sum", "sum").variant == "sum"
+  assert strategy_lib.parse_strategy("2wise-sum", None).variant == "sum"
+  assert strategy_lib.parse_strategy("2wise", "sum").variant == "sum"
+  # A variant that contradicts the suffix was once silently preferred.
+  with pytest.raises(ValueError, match="names variant 'sum' but "
+                     "variant='only'.*Received: strategy='2wise-sum'"):
+    strategy_lib.parse_strategy("2wise-sum", "only")
+
+
 def test_names_round_trip():
   for spec in ("e2e", "local", "2wise", "3wise", "2wise-sum"):
     assert strategy_lib.parse_strategy(spec).name == spec

@@ -86,3 +86,19 @@ def test_two_modules_per_device_train_the_same_weights(tmp_path):
   # Where the ops run changes only the order of float sums.
   for key in a:
     np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy,variant,expected", [
+    ("2wise-sum", None, "sum"), ("2wise", None, "only"),
+    ("2wise", "sum", "sum"), ("3wise-sum", "sum", "sum")])
+def test_the_binary_trains_the_variant_the_strategy_names(strategy, variant,
+                                                          expected):
+  # --strategy=2wise-sum once trained "only": the config's default variant
+  # silently overrode the suffix.
+  from train import train_lib  # pylint: disable=g-import-not-at-top
+  fields = {} if variant is None else {"variant": variant}
+  config = _config(strategy=strategy, placement="single", mlp_width=8,
+                   **fields)
+  config_lib.validate(config)
+  trainer, _, _ = train_lib.build(config)
+  assert trainer.strategy.variant == expected

@@ -84,13 +84,15 @@ def parse_strategy(spec, variant=None):
 
   Args:
     spec: the strategy string, an int window, or an `InterlockStrategy`.
-    variant: "only" or "sum"; overrides a suffix. Defaults to "only".
+    variant: "only" or "sum", or None (the suffix's, else "only"). Given
+      with a different suffix it is refused, not silently preferred.
 
   Returns:
     An `InterlockStrategy`.
 
   Raises:
-    ValueError: for an unknown strategy string or variant.
+    ValueError: for an unknown strategy string or variant, or a suffix and
+      a variant that disagree.
   """
   if isinstance(spec, InterlockStrategy):
     if variant is None:
@@ -122,6 +124,11 @@ def parse_strategy(spec, variant=None):
     raise ValueError(
         f"strategy variant must be one of {VARIANTS}. "
         f"Received: strategy={spec!r}")
+  if suffix is not None and variant is not None and variant != suffix:
+    raise ValueError(
+        f"strategy {spec!r} names variant {suffix!r} but variant={variant!r} "
+        f"was also given; give one of them, or the same. "
+        f"Received: strategy={spec!r}, variant={variant!r}")
   return InterlockStrategy(window.window, variant or suffix or "only")
 
 

@@ -77,7 +77,8 @@ class InterlockTrainer:
       unless it is one already.
     strategy: the window: "e2e", "local", "pairwise", "Nwise", an int, or an
       `InterlockStrategy`.
-    variant: "only" or "sum"; overrides a variant given in `strategy`.
+    variant: "only" or "sum"; refused when `strategy` names another
+      (e.g. "2wise-sum" with variant="only").
     loss_fn: a `keras.losses.Loss` (any reduction; it is applied per
       example) or `loss_fn(labels, logits) -> per-example loss [batch]`.
       Defaults to sparse softmax cross-entropy.

@@ -57,7 +57,8 @@ class Config:
   augment: bool = True
   # Strategy and placement.
   strategy: str = "2wise"
-  variant: str = "only"
+  # "only" or "sum"; None: the strategy's suffix ("2wise-sum"), else "only".
+  variant: Optional[str] = None
   num_modules: int = 4
   placement: str = "single"
   # placement=simulated only: intra-op threads per logical CPU device and
@@ -212,12 +213,13 @@ def _check_choices(config):
                          ("placement", PLACEMENTS),
                          ("mixed_precision", PRECISIONS),
                          ("on_nan", NAN_POLICIES),
-                         ("variant", strategy_lib.VARIANTS),
                          ("vocab_kind", VOCAB_KINDS),
                          ("aux_head", AUX_HEADS),
                          ("dataset",
                           IMAGE_DATASETS + TEXT_DATASETS + SYNTHETIC)):
     check_choice(field, getattr(config, field), allowed)
+  if config.variant is not None:
+    check_choice("variant", config.variant, strategy_lib.VARIANTS)
   try:
     strategy_lib.parse_strategy(config.strategy, config.variant)
   except ValueError as e:

@@ -17,7 +17,8 @@ PRESET = flags.DEFINE_enum("preset", "fashion_mnist_resnet",
 _UNSET = "__unset__"
 _HELP = {
     "strategy": "e2e, local, pairwise or Nwise (2wise, 3wise, ...).",
-    "variant": "only (the released rule) or sum.",
+    "variant": "only (the released rule) or sum; default: the --strategy "
+               "suffix (e.g. 2wise-sum), else only.",
     "placement": "single, simulated (K logical CPUs), gpu or tpu.",
     "threads_per_device": "placement=simulated: intra-op threads of each "
                           "logical CPU device (0: chosen by the schedule "
