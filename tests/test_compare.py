@@ -136,3 +136,23 @@ def test_flags_compare_sets_or_cannot_space_evenly():
     with pytest.raises(ValueError, match=f"--eval_points={points} must "
                        f"divide --train_steps={steps}"):
       study_lib.eval_every_steps(steps, points, 10)
+
+
+def test_a_strategy_name_fixes_its_variant_whatever_the_preset():
+  # fortunes_lm's preset trains 2wise "sum"; in a study "2wise" still means
+  # the "only" rule, and "2wise-sum" the sum.
+  assert config.load_preset("fortunes_lm").variant == "sum"
+  study = study_lib.Study(
+      preset="fortunes_lm", overrides={"batch_size": "8"},
+      strategies=("2wise", "2wise-sum"), seeds=(0,), train_steps=10,
+      eval_every_steps=5, metric="perplexity", num_modules=4, out_dir="x")
+  for strategy, variant in (("2wise", "only"), ("2wise-sum", "sum"),
+                            ("e2e", "only")):
+    args = study_lib.train_args(study, strategy, seed=0)
+    assert args[:2] == ["--preset=fortunes_lm", "--batch_size=8"]
+    assert f"--strategy={strategy}" in args
+    assert f"--variant={variant}" in args
+  fields = {f.name: (False, None) for f in dataclasses.fields(config.Config)}
+  with pytest.raises(ValueError, match="--variant is set by compare; use "
+                     r"--strategies \(e.g. 2wise-sum\)"):
+    study_lib.config_overrides(dict(fields, variant=(True, "sum")))

@@ -62,3 +62,18 @@ def test_train_resume_export_evaluate(tmp_path):
       assert abs(metrics["accuracy"] - summary["eval"][head]["accuracy"]) < (
           1e-6)
       assert metrics["num_examples"] == 64  # eval_batches=2 of 32
+
+
+def test_an_lm_at_unigram_perplexity_is_named():
+  from train import train_lib  # pylint: disable=g-import-not-at-top
+  learnt = {"final": {"perplexity": 155.0}, "exit_1": {"perplexity": 175.0}}
+  assert train_lib.no_context_warning(learnt, 447.7) is None
+  # The collapsed 2-wise "only" runs of the fortunes study: every head near
+  # the unigram perplexity (exit 1 above it).
+  collapsed = {"final": {"perplexity": 448.8}, "exit_1": {"perplexity": 450.1},
+               "exit_2": {"perplexity": 300.0}}
+  warning = train_lib.no_context_warning(collapsed, 447.7)
+  assert "exit_1 450.1, final 448.8" in warning
+  assert "exit_2" not in warning and "447.7" in warning
+  # Classification runs have no perplexity: nothing to say.
+  assert train_lib.no_context_warning({"final": {"accuracy": 0.1}}, 10.0) is None

@@ -34,11 +34,14 @@ import tensorflow as tf
 from tf_interlock import projection
 from tf_interlock import run_dir
 from tf_interlock import schedule
+from tf_interlock import strategy as strategy_lib
 from train import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Config fields that compare sets itself, and the flag that sets them.
-SET_BY_COMPARE = {"strategy": "--strategies", "model_dir": "--out_dir",
+SET_BY_COMPARE = {"strategy": "--strategies",
+                  "variant": "--strategies (e.g. 2wise-sum)",
+                  "model_dir": "--out_dir",
                   "export_dir": "--out_dir", "eval_every_steps": "--eval_points",
                   "time_budget_s": "--train_steps",
                   "epochs": "--train_steps",
@@ -89,9 +92,16 @@ def eval_every_steps(train_steps, eval_points, steps_per_loop):
   return every
 
 
-def train_args(study, **run_flags):
-  """train.train's flags: the preset, the overrides, then `run_flags`."""
-  merged = {**study.overrides, **{k: str(v) for k, v in run_flags.items()}}
+def train_args(study, strategy, **run_flags):
+  """train.train's flags: the preset, the overrides, then `run_flags`.
+
+  The variant is always given, from `strategy`'s name ("2wise" is "only",
+  "2wise-sum" is "sum"), so a preset's own variant never changes what a
+  strategy's name means.
+  """
+  variant = strategy_lib.parse_strategy(strategy).variant
+  merged = {**study.overrides, "strategy": strategy, "variant": variant,
+            **{k: str(v) for k, v in run_flags.items()}}
   return [f"--preset={study.preset}"] + [
       f"--{name}={value}" for name, value in merged.items()]
 
@@ -237,7 +247,7 @@ def run_one(study, strategy, seed):
     print(f"{strategy} seed {seed}: restarting the unfinished run")
     tf.io.gfile.rmtree(model_dir)
   launch("train.train", train_args(
-      study, strategy=strategy, seed=seed, model_dir=model_dir,
+      study, strategy, seed=seed, model_dir=model_dir,
       train_steps=study.train_steps, eval_every_steps=study.eval_every_steps,
       checkpoint_every_steps=NEVER),
          os.path.join(study.out_dir, "logs", f"{strategy}_seed_{seed}.log"))
@@ -269,7 +279,7 @@ def measure_costs(study, repeats=10):
     return stored
   raw = path + ".raw"
   launch("train.module_costs", train_args(
-      study, strategy=study.strategies[0], out=raw, repeats=repeats),
+      study, study.strategies[0], out=raw, repeats=repeats),
          os.path.join(study.out_dir, "logs", "module_costs.log"))
   with tf.io.gfile.GFile(raw) as f:
     measured = json.load(f)

@@ -204,8 +204,38 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
     summary["threading"] = setup_lib.simulated_plan(config).describe()
   if task.unigram_perplexity is not None:
     summary["unigram_perplexity"] = task.unigram_perplexity
+    warning = no_context_warning(evaluation_action.results,
+                                 task.unigram_perplexity)
+    if warning:
+      print(warning, file=sys.stderr, flush=True)
   print(json.dumps(summary), file=out, flush=True)
   return summary
+
+
+def no_context_warning(results, unigram_perplexity, margin=0.95):
+  """A warning naming the heads of an LM that learnt no context, or None.
+
+  A head whose perplexity is not clearly below the unigram perplexity of the
+  same tokens predicts no better than token frequencies: the run finished
+  but learnt nothing from context (e.g. a collapsed module). Saying so beats
+  a silent number.
+
+  Args:
+    results: {head: {"perplexity": value, ...}} of the last evaluation.
+    unigram_perplexity: the unigram model's perplexity on the eval split.
+    margin: a head above `margin` x the unigram perplexity is named.
+  """
+  flat = sorted(head for head, metrics in (results or {}).items()
+                if metrics.get("perplexity", 0.0)
+                >= margin * unigram_perplexity)
+  if not flat:
+    return None
+  values = ", ".join(f"{head} {results[head]['perplexity']:.1f}"
+                     for head in flat)
+  return (f"warning: perplexity not below {margin:.0%} of the unigram "
+          f"perplexity {unigram_perplexity:.1f} ({values}): these heads "
+          "predict no better than token frequencies. With --variant=only, "
+          "try --variant=sum (docs/results/study_fortunes_lm/report.md).")
 
 
 def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
