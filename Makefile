@@ -15,7 +15,7 @@ $(STAMP): requirements.txt
 	touch $(STAMP)
 
 test: setup
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=10
 
 # The offline default data set: Debian's dataset-fashion-mnist (IDX files).
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
