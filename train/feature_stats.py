@@ -1,0 +1,110 @@
+r"""What each module's output carries, as its LayerNorm-ed heads see it.
+
+  python -m train.feature_stats --model_dir=runs/study_fortunes_lm/2wise/seed_0
+
+Restores a language-model run's latest checkpoint, runs `--batches` batches
+of the validation split through its modules and prints, per module output
+h_k: the mean norm of h_k, the share of the variance of LayerNorm(h_k) that
+the current token's identity explains, and the effective rank of the
+per-token means (participation ratio of their singular values, with the
+share of the top direction). A collapsed module, as 2-wise "only" gives on
+the fortunes LM (docs/results/study_fortunes_lm/reading.md), shows a norm
+far above e2e's and an effective rank near 1: every token maps to nearly
+the same direction, so every head it feeds sees a constant.
+"""
+# First: quiets TF's logging before TensorFlow loads (see runtime_env).
+from train import runtime_env  # pylint: disable=unused-import
+
+import dataclasses
+import json
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+from tf_interlock.run_dir import RunDir
+from train import run_io
+from train import setup_lib
+
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "A language-model run.")
+_BATCHES = flags.DEFINE_integer("batches", 8, "Validation batches to use.")
+
+
+def feature_stats(features, token_ids, epsilon=1e-5):
+  """Statistics of one module's output over many token positions.
+
+  Args:
+    features: [N, d] outputs h_k, one row per token position.
+    token_ids: [N] the input token at each position.
+    epsilon: LayerNorm's epsilon.
+
+  Returns:
+    {"norm": mean |h|, "token_share": variance of LayerNorm(h) explained by
+    the token, "effective_rank": participation ratio of the per-token means'
+    squared singular values, "top_share": the top direction's share}.
+  """
+  features = np.asarray(features, np.float64)
+  token_ids = np.asarray(token_ids)
+  norm = float(np.linalg.norm(features, axis=1).mean())
+  # LayerNorm without its affine part: what every head reads first.
+  z = features - features.mean(axis=1, keepdims=True)
+  z = z / np.sqrt(z.var(axis=1, keepdims=True) + epsilon)
+  z = z - z.mean(axis=0)
+  tokens, inverse = np.unique(token_ids, return_inverse=True)
+  means = np.zeros((len(tokens), z.shape[1]))
+  np.add.at(means, inverse, z)
+  means /= np.bincount(inverse)[:, None]
+  total = float((z ** 2).sum(axis=1).mean())
+  between = float((means[inverse] ** 2).sum(axis=1).mean())
+  centred = means - means.mean(axis=0)
+  power = np.linalg.svd(centred, compute_uv=False) ** 2
+  return {"norm": norm,
+          "token_share": between / total if total else 0.0,
+          "effective_rank": float(power.sum() ** 2 / (power ** 2).sum()),
+          "top_share": float(power[0] / power.sum())}
+
+
+def run_stats(model_dir, batches):
+  """{"h_k": feature_stats} for modules 1..K-1 of a restored LM run."""
+  run = RunDir(model_dir)
+  config = dataclasses.replace(run_io.config_from_run(run),
+                               placement="single")
+  if not config.is_text:
+    raise ValueError(f"feature_stats reads language-model runs; this run "
+                     f"trains on {config.dataset}. "
+                     f"Received: model_dir={model_dir!r}")
+  latest = run.latest_checkpoint(None, flag="--model_dir", for_writing=False)
+  if latest is None:
+    raise FileNotFoundError(f"No checkpoint in {run.checkpoint_dir}. "
+                            f"Received: model_dir={model_dir!r}")
+  setup_lib.setup_runtime(config)
+  task = setup_lib.make_task(config, with_train=False)
+  modules = setup_lib.make_modules(config, task)
+  ids = tf.concat([x for x, _ in task.eval.take(batches)], axis=0)
+  h = ids
+  for module in modules:  # build every weight before restoring
+    h = module(h)
+    h = h[0] if module.has_aux_head else h
+  tf.train.Checkpoint(**{f"module_{k + 1}": m for k, m in enumerate(modules)}
+                      ).restore(latest).expect_partial(
+                      ).assert_existing_objects_matched()
+  stats, h = {}, ids
+  for k, module in enumerate(modules[:-1]):
+    h = module(h)
+    h = h[0] if module.has_aux_head else h
+    stats[f"h_{k + 1}"] = feature_stats(
+        tf.reshape(h, [-1, h.shape[-1]]).numpy(),
+        tf.reshape(ids, [-1]).numpy())
+  return stats
+
+
+def main(argv):
+  del argv
+  if not _MODEL_DIR.value:
+    raise app.UsageError("--model_dir is required. Received: model_dir=None")
+  print(json.dumps(run_stats(_MODEL_DIR.value, _BATCHES.value)))
+
+
+if __name__ == "__main__":
+  app.run(main)
