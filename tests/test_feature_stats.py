@@ -1,10 +1,10 @@
-"""train.feature_stats: a collapsed module's output is told from a healthy
+"""tf_interlock.representation (train.feature_stats): a collapsed module's output is told from a healthy
 one by its statistics (hand-built features with known answers)."""
 
 import numpy as np
 import pytest
 
-from train import feature_stats
+from tf_interlock import representation as feature_stats
 
 
 def _positions(num_tokens=20, repeats=30, seed=0):

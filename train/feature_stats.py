@@ -20,49 +20,15 @@ import json
 
 from absl import app
 from absl import flags
-import numpy as np
 import tensorflow as tf
 
+from tf_interlock import representation
 from tf_interlock.run_dir import RunDir
 from train import run_io
 from train import setup_lib
 
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "A language-model run.")
 _BATCHES = flags.DEFINE_integer("batches", 8, "Validation batches to use.")
-
-
-def feature_stats(features, token_ids, epsilon=1e-5):
-  """Statistics of one module's output over many token positions.
-
-  Args:
-    features: [N, d] outputs h_k, one row per token position.
-    token_ids: [N] the input token at each position.
-    epsilon: LayerNorm's epsilon.
-
-  Returns:
-    {"norm": mean |h|, "token_share": variance of LayerNorm(h) explained by
-    the token, "effective_rank": participation ratio of the per-token means'
-    squared singular values, "top_share": the top direction's share}.
-  """
-  features = np.asarray(features, np.float64)
-  token_ids = np.asarray(token_ids)
-  norm = float(np.linalg.norm(features, axis=1).mean())
-  # LayerNorm without its affine part: what every head reads first.
-  z = features - features.mean(axis=1, keepdims=True)
-  z = z / np.sqrt(z.var(axis=1, keepdims=True) + epsilon)
-  z = z - z.mean(axis=0)
-  tokens, inverse = np.unique(token_ids, return_inverse=True)
-  means = np.zeros((len(tokens), z.shape[1]))
-  np.add.at(means, inverse, z)
-  means /= np.bincount(inverse)[:, None]
-  total = float((z ** 2).sum(axis=1).mean())
-  between = float((means[inverse] ** 2).sum(axis=1).mean())
-  centred = means - means.mean(axis=0)
-  power = np.linalg.svd(centred, compute_uv=False) ** 2
-  return {"norm": norm,
-          "token_share": between / total if total else 0.0,
-          "effective_rank": float(power.sum() ** 2 / (power ** 2).sum()),
-          "top_share": float(power[0] / power.sum())}
 
 
 def run_stats(model_dir, batches):
@@ -93,7 +59,7 @@ def run_stats(model_dir, batches):
   for k, module in enumerate(modules[:-1]):
     h = module(h)
     h = h[0] if module.has_aux_head else h
-    stats[f"h_{k + 1}"] = feature_stats(
+    stats[f"h_{k + 1}"] = representation.feature_stats(
         tf.reshape(h, [-1, h.shape[-1]]).numpy(),
         tf.reshape(ids, [-1]).numpy())
   return stats
