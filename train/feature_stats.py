@@ -46,15 +46,8 @@ def run_stats(model_dir, batches):
                             f"Received: model_dir={model_dir!r}")
   setup_lib.setup_runtime(config)
   task = setup_lib.make_task(config, with_train=False)
-  modules = setup_lib.make_modules(config, task)
+  modules = run_io.restored_modules(config, task, latest, model_dir)
   ids = tf.concat([x for x, _ in task.eval.take(batches)], axis=0)
-  h = ids
-  for module in modules:  # build every weight before restoring
-    h = module(h)
-    h = h[0] if module.has_aux_head else h
-  tf.train.Checkpoint(**{f"module_{k + 1}": m for k, m in enumerate(modules)}
-                      ).restore(latest).expect_partial(
-                      ).assert_existing_objects_matched()
   stats, h = {}, ids
   for k, module in enumerate(modules[:-1]):
     h = module(h)

@@ -42,6 +42,32 @@ def config_from_run(run):
   return config_from_dict(fields, run.config_path)
 
 
+def restored_modules(config, task, checkpoint, model_dir):
+  """The run's modules, built on one eval batch, weights from `checkpoint`.
+
+  Raises:
+    ValueError: for a corrupt checkpoint or one from another model.
+  """
+  modules = setup_lib.make_modules(config, task)
+  h = next(iter(task.eval.take(1)))[0]
+  for module in modules:  # build every weight before restoring
+    h = module(h)
+    h = h[0] if module.has_aux_head else h
+  restorable = tf.train.Checkpoint(**{
+      f"module_{k + 1}": m for k, m in enumerate(modules)})
+  try:
+    restorable.restore(checkpoint).expect_partial(
+    ).assert_existing_objects_matched()
+  except (tf.errors.OpError, AssertionError, ValueError, IndexError,
+          KeyError) as e:
+    first = (str(e).strip().splitlines() or [""])[0][:160]
+    raise ValueError(f"cannot restore checkpoint {checkpoint} "
+                     f"({type(e).__name__}: {first}); it is corrupt or from "
+                     f"another model. Received: model_dir={model_dir!r}"
+                     ) from None
+  return modules
+
+
 def export_run(model_dir, export_dir=None, checkpoint=None):
   """Restores a run's checkpoint and exports it; returns the export path.
 
@@ -65,22 +91,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
   try:
     setup_lib.setup_runtime(config)
     task = setup_lib.make_task(config, with_train=False)
-    modules = setup_lib.make_modules(config, task)
-    h = next(iter(task.eval.take(1)))[0]
-    for module in modules:  # build every weight before restoring
-      h = module(h)
-      h = h[0] if module.has_aux_head else h
-    restorable = tf.train.Checkpoint(**{
-        f"module_{k + 1}": m for k, m in enumerate(modules)})
-    try:
-      restorable.restore(latest).expect_partial(
-      ).assert_existing_objects_matched()
-    except (tf.errors.OpError, AssertionError, ValueError, IndexError,
-            KeyError) as e:
-      first = (str(e).strip().splitlines() or [""])[0][:160]
-      raise ValueError(f"cannot restore checkpoint {latest} ({type(e).__name__}"
-                       f": {first}); it is corrupt or from another model. "
-                       f"Received: model_dir={model_dir!r}") from None
+    modules = restored_modules(config, task, latest, model_dir)
     return export_lib.export_saved_model(
         modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                task.input_dtype), export_dir,
