@@ -4,9 +4,15 @@ r"""Step-time benchmark: each strategy measured and modelled, vs plain Keras.
       --strategies=e2e,local,2wise,3wise --placement=simulated --json
 
 The baseline is what a user has without tf_interlock: the same layers as one
-`keras.Sequential` trained with `fit`, in a process of its own with TF's
-default threading (every core). Every strategy's speedup is reported against
-it and against e2e on the same placement and threads.
+`keras.Sequential` compiled by Keras, in a process of its own with TF's
+default threading (every core), timed as the strategies are (Keras's train
+function, steps_per_loop steps a call, 2 warm-up calls, median of --steps
+calls). Every strategy's speedup is reported against it, against e2e on the
+same placement and threads, and against its model-parallel peer: the best
+microbatched e2e pipeline (the fastest e2e-mM that ran, GPipe-style).
+
+--role=profile measures the op costs alone (medians of --repetitions),
+for `train.model_validation`, which predicts before it times.
 
 With --placement=simulated, TF's thread pools are fixed per process, so each
 threading plan (`tf_interlock.threading_plan`: logical devices, intra-op
@@ -30,16 +36,23 @@ import tensorflow as tf  # noqa: E402
 
 from layers import resnet  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
+from tf_interlock import profiling  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
 from tf_interlock import threading_plan  # noqa: E402
 from train import benchmark_lib  # noqa: E402
+from train import error_boundary  # noqa: E402
 from train import config as config_lib  # noqa: E402
 
-_MODEL = flags.DEFINE_string("model", "mlp", "Network: mlp or resnet.")
+_MODEL = flags.DEFINE_string(
+    "model", "mlp", "Network: mlp, resnet or lm (the fortunes Transformer "
+    "LM's shape, --layers_per_module blocks per module, random token ids).")
 _PRESET = flags.DEFINE_string("preset", "resnet20", "ResNet preset.")
 _NUM_MODULES = flags.DEFINE_integer("num_modules", 4, "K.")
-_STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
-                                               "3wise"], "Strategies.")
+_STRATEGIES = flags.DEFINE_list(
+    "strategies", ["e2e", "e2e-m2", "e2e-m4", "e2e-m8", "local", "2wise",
+                   "3wise"],
+    "Strategies; NAME-mM trains NAME with M microbatches per step (e2e-m4: "
+    "the GPipe-style e2e pipeline, the peer of every strategy).")
 _PLACEMENT = flags.DEFINE_string("placement", "simulated",
                                  "single, simulated or gpu.")
 _BATCH = flags.DEFINE_integer("batch_size", 512, "Global batch size.")
@@ -49,6 +62,15 @@ _STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 16,
 _WIDTH = flags.DEFINE_integer("width", 1024, "MLP width.")
 _LAYERS = flags.DEFINE_integer("layers_per_module", 1, "MLP layers/module.")
 _IMAGE = flags.DEFINE_integer("image_size", 32, "ResNet input size.")
+_CHANNELS = flags.DEFINE_integer("channels", 3, "ResNet input channels.")
+_RESNET_AUX = flags.DEFINE_string("resnet_aux_head", "authors",
+                                  "ResNet aux head: authors or pool.")
+_REPETITIONS = flags.DEFINE_integer(
+    "repetitions", 3, "role=profile: how often every op cost is measured "
+    "(its median and range are reported).")
+_COSTS = flags.DEFINE_bool(
+    "costs", True, "role=worker: also measure op costs in this process, "
+    "after the first timed strategy, for the in-process prediction.")
 _CORES = flags.DEFINE_integer(
     "num_cores", None, "Cores of the host for the schedule model and the "
     "threading plan (default: the cores this process may use).")
@@ -79,12 +101,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def validate():
   """One-line errors for bad flags, before anything runs."""
   check = config_lib.check_number
-  config_lib.check_choice("model", _MODEL.value, ("mlp", "resnet"))
+  config_lib.check_choice("model", _MODEL.value, ("mlp", "resnet", "lm"))
+  config_lib.check_choice("resnet_aux_head", _RESNET_AUX.value,
+                          ("authors", "pool"))
   config_lib.check_choice("placement", _PLACEMENT.value,
                           ("single", "simulated", "gpu"))
-  config_lib.check_choice("role", _ROLE.value, ("main", "worker", "baseline"))
+  config_lib.check_choice("role", _ROLE.value,
+                          ("main", "worker", "baseline", "profile"))
   for flag in (_NUM_MODULES, _BATCH, _STEPS, _STEPS_PER_LOOP, _WIDTH,
-               _LAYERS, _IMAGE):
+               _LAYERS, _IMAGE, _CHANNELS, _REPETITIONS):
     check(flag.name, flag.value, minimum=1, integer=True)
   for flag in (_CORES, _THREADS, _MODULES_PER_DEVICE):
     check(flag.name, flag.value, minimum=1, integer=True, allow_none=True)
@@ -92,8 +117,12 @@ def validate():
   if not _STRATEGIES.value:
     config_lib.fail("strategies", "", "must name at least one strategy")
   for name in _STRATEGIES.value:
+    strategy, microbatches = benchmark_lib.parse_cell(name)
     try:
-      strategy_lib.parse_strategy(name)
+      strategy_lib.parse_strategy(strategy)
+      if microbatches < 1 or _BATCH.value % microbatches:
+        raise ValueError(f"{microbatches} microbatches must divide "
+                         f"--batch_size={_BATCH.value}")
     except ValueError as e:
       reason = str(e).split(" Received:")[0].rstrip(".")
       config_lib.fail("strategies", ",".join(_STRATEGIES.value),
@@ -110,15 +139,17 @@ def spec():
   return benchmark_lib.Spec(
       model=_MODEL.value, preset=_PRESET.value, num_modules=_NUM_MODULES.value,
       width=_WIDTH.value, layers_per_module=_LAYERS.value,
-      image_size=_IMAGE.value, batch_size=_BATCH.value, steps=_STEPS.value,
-      steps_per_loop=_STEPS_PER_LOOP.value)
+      image_size=_IMAGE.value, channels=_CHANNELS.value,
+      resnet_aux_head=_RESNET_AUX.value, batch_size=_BATCH.value,
+      steps=_STEPS.value, steps_per_loop=_STEPS_PER_LOOP.value)
 
 
 def _flag_args(**override):
   """This run's flags, as a child process's argv."""
   names = ("model", "preset", "num_modules", "placement", "batch_size",
            "steps", "steps_per_loop", "width", "layers_per_module",
-           "image_size", "num_cores", "thread_efficiency", "fit")
+           "image_size", "channels", "resnet_aux_head", "num_cores",
+           "thread_efficiency", "fit")
   values = {name: flags.FLAGS[name].value for name in names}
   values["num_cores"] = _CORES.value or threading_plan.host_cores()
   values.update(override)
@@ -153,23 +184,47 @@ def baseline_report():
           "baseline_thread_pools": benchmark_lib.threading_state()}
 
 
+def _placement(plan):
+  """This process's placement: `plan`'s simulated devices, or --placement."""
+  if plan is None:
+    return placement_lib.make_placement(_PLACEMENT.value, _NUM_MODULES.value)
+  placement_lib.configure_simulated_devices(
+      plan.num_devices, intra_op_threads=plan.threads_per_device)
+  return benchmark_lib.simulated_placement(plan)
+
+
+def profile_report(plan=None):
+  """Op costs of the network on `plan`, with no strategy timed in this
+  process: medians over --repetitions and their range."""
+  s = spec()
+  trainer = benchmark_lib.build_trainer(s, "e2e", _placement(plan))
+  x, y = benchmark_lib.make_batch(s)
+  median, low, high = profiling.repeated_module_costs(
+      trainer, x, y, _REPETITIONS.value)
+  return {"module_costs_ms": benchmark_lib.costs_ms(median),
+          "module_costs_min_ms": benchmark_lib.costs_ms(low),
+          "module_costs_max_ms": benchmark_lib.costs_ms(high),
+          "has_aux": [m.has_aux_head for m in trainer.modules],
+          "repetitions": _REPETITIONS.value,
+          "plan": plan.describe() if plan else _PLACEMENT.value,
+          "thread_pools": benchmark_lib.threading_state()}
+
+
 def worker_report(strategies, plan=None):
   """Times `strategies` in this process (on `plan` when simulated)."""
   s = spec()
   cores = _CORES.value or threading_plan.host_cores()
+  placement = _placement(plan)
   if plan is not None:
-    placement_lib.configure_simulated_devices(
-        plan.num_devices, intra_op_threads=plan.threads_per_device)
-    placement = benchmark_lib.simulated_placement(plan)
     rows, costs = benchmark_lib.measure_strategies(
         s, strategies, placement, cores, plan.threads_per_device,
-        plan.module_devices, fit=_FIT.value)
+        plan.module_devices, fit=_FIT.value, costs=_COSTS.value)
   else:
-    placement = placement_lib.make_placement(_PLACEMENT.value, s.num_modules)
     rows, costs = benchmark_lib.measure_strategies(
         s, strategies, placement, cores if _CORES.value else None,
-        fit=_FIT.value)
-  return {"strategies": rows, "module_costs_ms": benchmark_lib.costs_ms(costs),
+        fit=_FIT.value, costs=_COSTS.value)
+  return {"strategies": rows,
+          "module_costs_ms": costs and benchmark_lib.costs_ms(costs),
           "plan": plan.describe() if plan else _PLACEMENT.value,
           "threads_per_device": plan.threads_per_device if plan else None,
           "thread_pools": benchmark_lib.threading_state()}
@@ -186,16 +241,19 @@ def simulated_runs(strategies, cores):
   runs = {}
   if fixed:
     plans = {name: threading_plan.plan_for(
-        k, name, cores, _THREADS.value, _MODULES_PER_DEVICE.value,
-        _EFFICIENCY.value) for name in strategies}
+        k, benchmark_lib.parse_cell(name)[0], cores, _THREADS.value,
+        _MODULES_PER_DEVICE.value, _EFFICIENCY.value) for name in strategies}
   else:
     first = threading_plan.make_plan(k, k, 1)
     runs[first] = run_child(role="worker", strategies=_with_e2e(strategies),
                             threads_per_device=1, modules_per_device=1)
     costs = benchmark_lib.costs_from_ms(runs[first]["module_costs_ms"])
-    plans = {name: threading_plan.choose_plan(
-        costs, name, cores, thread_efficiency=_EFFICIENCY.value)[0]
-             for name in strategies}
+    plans = {}
+    for name in strategies:
+      strategy, microbatches = benchmark_lib.parse_cell(name)
+      plans[name] = threading_plan.choose_plan(
+          costs, strategy, cores, thread_efficiency=_EFFICIENCY.value,
+          num_microbatches=microbatches)[0]
   for plan in dict.fromkeys(plans.values()):
     if plan not in runs:
       names = [n for n in strategies if plans[n] == plan]
@@ -224,6 +282,8 @@ def main_report():
     for name in strategies:
       results[name] = dict(runs[plans[name]]["strategies"][name],
                            plan=plans[name].describe())
+    # The peer: the best microbatched e2e, each M on its own chosen plan.
+    benchmark_lib.add_peer(results)
     costs = runs_out[0]["module_costs_ms"]
   else:
     run = worker_report(strategies)
@@ -237,6 +297,7 @@ def main_report():
       strategies=results, runs=runs_out, module_costs_ms=costs, **baseline)
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -244,14 +305,15 @@ def main(argv):
     validate()
     if _ROLE.value == "baseline":
       report = baseline_report()
-    elif _ROLE.value == "worker":
+    elif _ROLE.value in ("worker", "profile"):
       plan = None
       if _PLACEMENT.value == "simulated":
         plan = threading_plan.make_plan(
             _NUM_MODULES.value,
             _NUM_MODULES.value // (_MODULES_PER_DEVICE.value or 1),
             _THREADS.value or 1)
-      report = worker_report(_STRATEGIES.value, plan)
+      report = (worker_report(_STRATEGIES.value, plan)
+                if _ROLE.value == "worker" else profile_report(plan))
     else:
       report = main_report()
   except (ValueError, RuntimeError) as e:

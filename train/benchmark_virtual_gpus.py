@@ -18,6 +18,7 @@ from absl import flags
 import tensorflow as tf
 
 from train import benchmark
+from train import error_boundary
 
 _VIRTUAL_GPUS = flags.DEFINE_integer("virtual_gpus", None,
                                      "Logical GPUs to make on GPU 0.")
@@ -46,6 +47,7 @@ def configure_virtual_gpus(count, memory_mb):
   return [d.name for d in tf.config.list_logical_devices("GPU")]
 
 
+@error_boundary.guard()
 def main(argv):
   devices = configure_virtual_gpus(_VIRTUAL_GPUS.value, _MEMORY_MB.value)
   if len(devices) < _VIRTUAL_GPUS.value:

@@ -16,6 +16,12 @@ per-step curves on the measured and on the predicted time axis (see
 A run with an out_dir/<strategy>/seed_<seed>/result.json is not rerun; an
 unfinished one restarts from scratch. Writes results.json, report.md and the
 PNG plots of `train.study_report.PLOTS` to out_dir and to --report_dir.
+
+Compare deletes only what it made: out_dir and every run folder carry its
+marker (`train.study_owner`); a run folder that is not this study's, or an
+unfinished one that a live process holds (its lock.json), is refused in one
+line before anything is written. Each spelling of --strategies is parsed:
+one strategy given twice ('2wise,pairwise') is refused.
 """
 
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
@@ -33,6 +39,7 @@ import tensorflow as tf
 
 from tf_interlock import paths
 from train import config as config_lib
+from train import error_boundary
 from train import flags_lib
 from train import study_lib
 from train import study_report
@@ -54,6 +61,9 @@ _OUT_DIR = flags.DEFINE_string("out_dir", None, "Runs and reports go here.")
 _REPORT_DIR = flags.DEFINE_string(
     "report_dir", None, "Also write the report, results and plots here "
     "(e.g. docs/results/NAME); default: only --out_dir.")
+_BREAK_LOCK = flags.DEFINE_bool(
+    "break_lock", False, "Restart an unfinished run although the process "
+    "holding its lock.json looks alive (it is known to be dead).")
 
 
 def make_study(strategies, seeds, eval_points, jobs, out_dir):
@@ -62,9 +72,6 @@ def make_study(strategies, seeds, eval_points, jobs, out_dir):
                                ("eval_points", eval_points, 2),
                                ("cost_repeats", _COST_REPEATS.value, 1)):
     config_lib.check_number(name, value, minimum=minimum, integer=True)
-  if not strategies or len(set(strategies)) != len(strategies):
-    raise ValueError(f"--strategies must name each strategy once. "
-                     f"Received: strategies={','.join(strategies)}")
   overrides = study_lib.config_overrides(
       {field.name: (not flags.FLAGS[field.name].using_default_value,
                     flags.FLAGS[field.name].value)
@@ -78,6 +85,7 @@ def make_study(strategies, seeds, eval_points, jobs, out_dir):
     raise ValueError(f"compare runs a fixed number of steps: set "
                      f"--train_steps (preset {flags_lib.PRESET.value} has "
                      "none). Received: train_steps=None")
+  strategies = study_lib.strategy_names(strategies, config.num_modules)
   for strategy in strategies:
     config_lib.validate(dataclasses.replace(config, strategy=strategy))
   every = study_lib.eval_every_steps(config.train_steps, eval_points,
@@ -95,19 +103,18 @@ def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):
   """Checks the flags, then runs (or reuses) every run and reports."""
   study = make_study(strategies, seeds, eval_points, jobs, out_dir)
   report_dir = _REPORT_DIR.value
-  if report_dir and paths.file_above(report_dir) is not None:
-    raise ValueError(f"--report_dir={report_dir} is or lies under the file "
-                     f"{paths.file_above(report_dir)}. Received: "
-                     f"report_dir={report_dir!r}")
+  if report_dir:
+    study_report.check_report_dir(report_dir, _PLOTS.value)
   if _PLOTS.value and not importlib.util.find_spec("matplotlib"):
     raise ValueError("the plots need matplotlib (pip install matplotlib); "
                      "or pass --noplots. Received: plots=True")
   study_report.run_and_report(
       study, eval_points=eval_points, target=target, plots=_PLOTS.value,
       cost_repeats=_COST_REPEATS.value, command=command,
-      report_dir=report_dir)
+      report_dir=report_dir, break_lock=_BREAK_LOCK.value)
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

@@ -34,6 +34,7 @@ from absl import flags
 import tensorflow as tf
 
 from train import config as config_lib
+from train import error_boundary
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/device_check",
                                "Where device_check.json/.md go.")
@@ -199,6 +200,7 @@ def device_check(out_dir, time_limit_s, strategies):
   return result
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

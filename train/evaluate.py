@@ -17,13 +17,13 @@ from train import runtime_env  # pylint: disable=unused-import
 
 import dataclasses
 import json
-import sys
 
 from absl import app
 from absl import flags
 
 from tf_interlock import evaluation
 from train import config as config_lib
+from train import error_boundary
 from train import flags_lib
 from train import run_io
 from train import setup_lib
@@ -39,25 +39,22 @@ def _given_fields():
           if flags.FLAGS[f.name].present]
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    flag_config, given = flags_lib.config_from_flags(), _given_fields()
-    config, saved_model = run_io.evaluation_config(
-        _SAVED_MODEL.value,
-        flag_config.model_dir if "model_dir" in given else None,
-        flag_config, given, preset_given=flags.FLAGS["preset"].present)
-    config_lib.validate(config)  # the train binary's rules, e.g. --data_dir
-    task = setup_lib.make_task(config, with_train=False)
-    dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
-        task.eval)
-    results = evaluation.evaluate_saved_model(
-        saved_model, dataset,
-        task="lm" if task.kind == "lm" else "classification")
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  flag_config, given = flags_lib.config_from_flags(), _given_fields()
+  config, saved_model = run_io.evaluation_config(
+      _SAVED_MODEL.value,
+      flag_config.model_dir if "model_dir" in given else None,
+      flag_config, given, preset_given=flags.FLAGS["preset"].present)
+  config_lib.validate(config)  # the train binary's rules, e.g. --data_dir
+  task = setup_lib.make_task(config, with_train=False)
+  dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
+      task.eval)
+  results = evaluation.evaluate_saved_model(
+      saved_model, dataset,
+      task="lm" if task.kind == "lm" else "classification")
   print(json.dumps(results))
 
 

@@ -12,11 +12,10 @@ of the same run; it holds model_dir's lock while it works.
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
 from train import runtime_env  # pylint: disable=unused-import
 
-import sys
-
 from absl import app
 from absl import flags
 
+from train import error_boundary
 from train import run_io
 
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "A training run's dir.")
@@ -27,17 +26,15 @@ _CHECKPOINT = flags.DEFINE_string(
     "(default: the latest).")
 
 
+@error_boundary.guard(interrupted="the previous export, if any, is intact "
+                      "and the unfinished one was removed")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    if not _MODEL_DIR.value:
-      raise ValueError("--model_dir is required. Received: model_dir=None")
-    print(run_io.export_run(_MODEL_DIR.value, _EXPORT_DIR.value,
-                            _CHECKPOINT.value))
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  if not _MODEL_DIR.value:
+    raise ValueError("--model_dir is required. Received: model_dir=None")
+  print(run_io.export_run(_MODEL_DIR.value, _EXPORT_DIR.value,
+                          _CHECKPOINT.value))
 
 
 if __name__ == "__main__":

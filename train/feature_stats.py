@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_interlock import representation
 from tf_interlock.run_dir import RunDir
+from train import error_boundary
 from train import run_io
 from train import setup_lib
 
@@ -58,10 +59,12 @@ def run_stats(model_dir, batches):
   return stats
 
 
+@error_boundary.guard()
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _MODEL_DIR.value:
-    raise app.UsageError("--model_dir is required. Received: model_dir=None")
+    raise ValueError("--model_dir is required. Received: model_dir=None")
   print(json.dumps(run_stats(_MODEL_DIR.value, _BATCHES.value)))
 
 

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_interlock import profiling
 from train import config as config_lib
+from train import error_boundary
 from train import flags_lib
 from train import setup_lib
 from train import train_lib
@@ -52,6 +53,7 @@ def measure(config, repeats):
   }
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

@@ -31,6 +31,7 @@ import tensorflow as tf
 from tf_interlock import schedule
 from tf_interlock import threading_plan
 from train import config as config_lib
+from train import error_boundary
 
 _PRESETS = flags.DEFINE_list(
     "presets", ["fashion_mnist_resnet", "fortunes_lm", "synthetic_mlp"],
@@ -119,6 +120,7 @@ def report_markdown(results):
   return "\n".join(lines)
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

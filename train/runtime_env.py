@@ -93,19 +93,29 @@ def onednn_state():
   return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset")
 
 
+def has_nvidia_driver():
+  """Whether an NVIDIA kernel driver is loaded (GPUs may exist)."""
+  return os.path.exists("/proc/driver/nvidia/version")
+
+
 def _import_tensorflow_quietly():
   """Imports TensorFlow with stderr (fd 2) captured.
 
   Its libraries print a few C++ lines while they load, before
-  TF_CPP_MIN_LOG_LEVEL takes effect. The captured text is replayed if the
-  import fails, so a broken install still explains itself.
+  TF_CPP_MIN_LOG_LEVEL takes effect. On a machine without an NVIDIA driver
+  the devices are listed here too: the CUDA-enabled wheel logs a "failed
+  call to cuInit" error line the first time it looks for GPUs, which says
+  nothing on a CPU machine. The captured text is replayed if this fails, so
+  a broken install still explains itself.
   """
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+      import tensorflow  # pylint: disable=g-import-not-at-top
+      if not has_nvidia_driver():
+        tensorflow.config.list_physical_devices()
     except BaseException:
       os.dup2(saved, 2)
       captured.seek(0)

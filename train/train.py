@@ -12,11 +12,10 @@ One process trains a model_dir at a time (model_dir/lock.json); pass
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
 from train import runtime_env  # pylint: disable=unused-import
 
-import sys
-
 from absl import app
 from absl import flags
 
+from train import error_boundary
 from train import flags_lib
 from train import train_lib
 
@@ -25,19 +24,13 @@ _BREAK_LOCK = flags.DEFINE_bool(
     "looks alive (it is known to be dead).")
 
 
+@error_boundary.guard(interrupted="before training started or during a "
+                      "save; rerun to resume from the latest checkpoint")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    config = flags_lib.config_from_flags()
-    train_lib.run(config, break_lock=_BREAK_LOCK.value)
-  except (ValueError, FileNotFoundError, train_lib.TrainingError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-  except KeyboardInterrupt:
-    print("error: interrupted (SIGINT) before training started or during a "
-          "save; rerun to resume from the latest checkpoint", file=sys.stderr)
-    sys.exit(1)
+  config = flags_lib.config_from_flags()
+  train_lib.run(config, break_lock=_BREAK_LOCK.value)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,141 @@
+"""One error boundary for every binary: an expected fault is one line.
+
+  @error_boundary.guard(interrupted="rerun to resume")
+  def main(argv):
+    ...
+
+  if __name__ == "__main__":
+    app.run(main)
+
+Every binary's `main` is decorated with `guard`. A fault the user can
+act on (a bad value, a missing or unwritable file, a full disk, a TF I/O
+error, a stopped run, Ctrl-C or SIGTERM) becomes `error: <one line>` on
+stderr and exit status 1, never a traceback. Anything else is a bug and
+keeps its traceback.
+
+SIGTERM is turned into an exception (`Terminated`) for the whole process,
+so that it unwinds like Ctrl-C: every `finally` runs, which releases the
+run lock and removes an export's temporary folder. The training loop's own
+handler (`train.actions.Preemption`) replaces it while the loop runs and
+saves a checkpoint first. Python delivers a signal between two bytecodes:
+inside one long TF C++ call (a graph optimizer pass) it waits for that call
+to return, which is why `train.config` refuses networks whose graphs would
+keep TF busy for minutes (see `config.MAX_MODULES`).
+"""
+
+import errno
+import functools
+import signal
+import sys
+
+from absl import app
+import tensorflow as tf
+
+from train import actions
+
+# The message of one line is cut here: a path or a TF status stays readable.
+_MAX_CHARS = 600
+
+
+class Terminated(BaseException):
+  """SIGTERM arrived; unwinds like KeyboardInterrupt (not an Exception)."""
+
+  def __init__(self, signum):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+  del frame
+  # A second SIGTERM while cleaning up must not cut the cleanup short.
+  signal.signal(signum, signal.SIG_IGN)
+  raise Terminated(signum)
+
+
+def first_line(text):
+  """The first non-empty line of `text`, cut to a readable length."""
+  lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+  line = lines[0] if lines else ""
+  return line if len(line) <= _MAX_CHARS else line[:_MAX_CHARS - 3] + "..."
+
+
+def _os_error_line(e):
+  """An OSError as `what: path` (its text without the errno prefix)."""
+  what = e.strerror or type(e).__name__
+  hints = {errno.ENOSPC: "free space and rerun",
+           errno.EDQUOT: "free space and rerun",
+           errno.EROFS: "the file system is read-only",
+           errno.EBUSY: "it is in use (a mount point?); pick another path",
+           errno.ENAMETOOLONG: "shorten the path",
+           errno.ELOOP: "a symlink loop; fix the link",
+           errno.EACCES: "check its permissions",
+           errno.EPERM: "check its permissions (immutable?)"}
+  where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+  hint = hints.get(e.errno)
+  return f"{what}: {where or '(no path)'}" + (f" ({hint})" if hint else "")
+
+
+def describe(e):
+  """The one line that reports expected fault `e`, or None for a bug.
+
+  Args:
+    e: the exception that left `main`.
+
+  Returns:
+    The text after "error: ", or None when `e` should keep its traceback.
+  """
+  if isinstance(e, tf.errors.OpError):
+    # TF's status texts carry the path; drop its multi-line context.
+    return f"{type(e).__name__}: {first_line(e.message)}"
+  if isinstance(e, OSError) and e.strerror:
+    return _os_error_line(e)
+  if isinstance(e, (ValueError, OSError, actions.TrainingError)):
+    return first_line(e)
+  return None
+
+
+def guard(interrupted="nothing was left half-written"):
+  """Decorates a binary's `main(argv)` with the boundary (for `app.run`).
+
+    @error_boundary.guard(interrupted="rerun to resume")
+    def main(argv):
+      ...
+
+  Args:
+    interrupted: what an interrupted run leaves, for the signal's line
+      (e.g. "rerun to resume from the latest checkpoint").
+
+  Returns:
+    The decorator.
+  """
+
+  def decorate(main):
+
+    @functools.wraps(main)
+    def guarded(argv):
+      previous = signal.signal(signal.SIGTERM, _raise_terminated)
+      try:
+        return main(argv)
+      except app.UsageError:
+        raise  # absl prints the usage line itself
+      except KeyboardInterrupt:
+        _fail(f"interrupted (SIGINT); {interrupted}")
+      except Terminated as e:
+        _fail(f"stopped ({e}); {interrupted}")
+      except Exception as e:  # pylint: disable=broad-except
+        line = describe(e)
+        if line is None:
+          raise
+        _fail(line)
+      finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    return guarded
+
+  return decorate
+
+
+def _fail(line):
+  sys.stdout.flush()
+  print(f"error: {line}", file=sys.stderr, flush=True)
+  sys.exit(1)
