@@ -90,13 +90,21 @@ class InterlockTrainer:
     steps_per_loop: training steps per `tf.function` call.
     num_microbatches: M >= 1; each replica's batch is split into M
       microbatches whose gradients are summed before one update.
+    replicas: a `replicas.CollectiveReplicas` when this process is one of
+      R processes that each hold all K modules (replicas x modules across
+      hosts, see `tf_interlock.replicas`): module k's gradients and metrics
+      are summed over the R processes on module k's device before its
+      update, and `distribute_dataset` gives this process its rows of each
+      global batch. None: this process alone.
   """
 
   def __init__(self, modules, optimizers, strategy="e2e", *, variant=None,
                loss_fn=losses_lib.sparse_softmax_cross_entropy,
                metric_fn=losses_lib.sparse_accuracy, distribute=None,
-               placement=None, steps_per_loop=1, num_microbatches=1):
+               placement=None, steps_per_loop=1, num_microbatches=1,
+               replicas=None):
     self.modules = list(modules)
+    self.replicas = replicas
     if not self.modules:
       raise ValueError("InterlockTrainer needs at least one module. "
                        "Received: modules=[]")
@@ -126,6 +134,8 @@ class InterlockTrainer:
           "mixed_float16 is not supported on TPU: TPUs compute in "
           "bfloat16, which needs no loss scaling; use mixed_bfloat16. "
           "Received: policy=mixed_float16, placement=tpu")
+    if self.replicas is not None:
+      self.replicas.check_trainer(self.distribute, self.float16)
     self.steps_per_loop = steps_per_loop
     self.num_microbatches = num_microbatches
     self.optimizers = self._make_optimizers(optimizers)
@@ -268,6 +278,8 @@ class InterlockTrainer:
           f"num_microbatches. Received: num_microbatches={m}")
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync
+    if self.replicas is not None:  # R processes, each with this batch
+      replicas *= self.replicas.num_replicas
     global_batch = batch * replicas
     scales = self._loss_scales()
     # Losses are averaged over the whole global batch, so summing the
@@ -290,6 +302,8 @@ class InterlockTrainer:
         # This replica's gradient norm (mean over replicas after the SUM
         # reduction): NaN/Inf in any gradient of module k shows up here.
         metrics[metric_names.metric_name(k, "grad_norm")] = norm / replicas
+        if self.replicas is not None:
+          grads[k] = self.replicas.sum_module(k, grads[k], metrics)
         opt.apply_gradients(zip(grads[k], self.variables(k)))
     return metrics
 
@@ -378,6 +392,8 @@ class InterlockTrainer:
 
   def distribute_dataset(self, dataset):
     """`dataset` of global batches, split across this trainer's replicas."""
+    if self.replicas is not None:
+      dataset = self.replicas.shard(dataset)
     return self.distribute.experimental_distribute_dataset(dataset)
 
 

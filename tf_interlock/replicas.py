@@ -1,0 +1,246 @@
+"""Replicas x modules across hosts: R pipelines of K modules, one per process.
+
+Each of R processes (hosts) holds a whole copy of the K-module pipeline, with
+module k on its local device k (a logical CPU or GPU k). Process r trains on
+rows [r B/R, (r+1) B/R) of every global batch of B examples. Every loss is
+averaged over the *global* batch, so process r's routed gradient of module k
+is g_k^(r) = (1/B) sum over its rows of the per-example gradient, and
+
+  g_k = sum over r of g_k^(r)
+
+is exactly the gradient of one replica on the whole batch. Before module k's
+optimizer applies it, g_k is summed over the R processes by one TensorFlow
+collective all-reduce (`CollectiveReduceV2`) that runs *on module k's
+device*: the group of module k is device k of every process, so the K
+all-reduces of a step are K independent groups, and module k can all-reduce
+and update while module k + 1 still computes. All copies start from the
+same weights and apply the same summed gradients, so they stay identical.
+
+The collective runtime is TensorFlow's: `connect` builds a
+`tf.distribute.MultiWorkerMirroredStrategy` from the cluster (TF_CONFIG or a
+resolver), which starts this process's gRPC server, waits for its peers and
+enables collective ops. The trainer then runs under the default strategy with
+this process's own K devices; no thread, queue or RPC of our own.
+
+Data parallelism alone (K modules on one device, R hosts) needs none of
+this: run `InterlockTrainer` under the MultiWorkerMirroredStrategy itself
+with placement "single".
+"""
+
+import itertools
+
+import tensorflow as tf
+
+from tf_interlock import metric_names
+from tf_interlock import placement as placement_lib
+
+# Group and instance keys of our collectives, far from those that
+# MultiWorkerMirroredStrategy hands out (it counts from 1).
+_GROUP_KEY_BASE = 1_000_000
+# Instance keys are unique per process; every process traces the same
+# functions in the same order, so the n-th collective gets the same key on
+# every process (this is how collectives find their peers).
+_INSTANCE_KEYS = itertools.count(2_000_000)
+
+DEVICE_TYPES = {"simulated": "CPU", "gpu": "GPU"}
+
+
+class CollectiveReplicas:
+  """This process is replica `replica_id` of `num_replicas` pipelines.
+
+  Args:
+    num_replicas: R, the processes that each hold all K modules.
+    replica_id: this process's index r in [0, R).
+    timeout_s: seconds a collective waits for its peers before it fails
+      (a dead peer then stops the step instead of hanging it); None waits.
+  """
+
+  def __init__(self, num_replicas, replica_id, timeout_s=None):
+    for name, value, low in (("num_replicas", num_replicas, 1),
+                             ("replica_id", replica_id, 0)):
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}. "
+                         f"Received: {name}={value!r}")
+    if replica_id >= num_replicas:
+      raise ValueError(f"replica_id must be < num_replicas "
+                       f"({num_replicas}). Received: replica_id={replica_id}")
+    self.num_replicas = num_replicas
+    self.replica_id = replica_id
+    self.timeout_s = timeout_s
+
+  def check_trainer(self, distribute, float16):
+    """Raises unless a trainer with these settings can use the replicas."""
+    if self.num_replicas == 1:
+      return
+    if distribute.num_replicas_in_sync > 1:
+      raise ValueError(
+          f"replicas sums gradients over processes itself; run the trainer "
+          f"under the default strategy, not one with "
+          f"{distribute.num_replicas_in_sync} replicas. Received: "
+          f"replicas={self}")
+    if float16:
+      raise ValueError(
+          "mixed_float16 is not supported with replicas across processes "
+          "(the loss-scale skip decision is not shared); use float32 or "
+          f"mixed_bfloat16. Received: replicas={self}")
+
+  def all_reduce(self, k, tensors):
+    """Sums `tensors` over the R replicas, on the current device.
+
+    Call it under module k's device scope. Every tensor is flattened into
+    one float32 vector, so module k needs one collective per step whatever
+    its number of variables.
+
+    Args:
+      k: the 0-based module index: the collective group of module k.
+      tensors: a list of tensors (module k's gradients and metrics).
+
+    Returns:
+      The summed tensors, same shapes and dtypes.
+    """
+    if self.num_replicas == 1:
+      return list(tensors)
+    flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1])
+                      for t in tensors], axis=0)
+    summed = tf.raw_ops.CollectiveReduceV2(
+        input=flat, group_size=self.num_replicas,
+        group_key=_GROUP_KEY_BASE + k, instance_key=next(_INSTANCE_KEYS),
+        ordering_token=[], merge_op="Add", final_op="Id",
+        communication_hint="ring",
+        timeout_seconds=float(self.timeout_s or 0))
+    sizes = [int(t.shape.num_elements()) for t in tensors]
+    return [tf.cast(tf.reshape(part, t.shape), t.dtype)
+            for part, t in zip(tf.split(summed, sizes), tensors)]
+
+  def sum_module(self, k, grads, metrics):
+    """Module k's gradients summed over the replicas, with its metrics.
+
+    One collective on module k's device carries the gradients and module
+    k's entries of `metrics` (each already this replica's share of the
+    global mean), which are replaced by their sums: every process then
+    reports the whole batch's loss and accuracy.
+
+    Args:
+      k: the 0-based module index.
+      grads: module k's gradients (this replica's share).
+      metrics: the step's metrics, keyed by `metric_names.metric_name`;
+        module k's are updated in place.
+
+    Returns:
+      The summed gradients.
+    """
+    keys = sorted(key for key in metrics
+                  if metric_names.parse_metric_name(key)[0] == k)
+    summed = self.all_reduce(k, list(grads) + [metrics[key] for key in keys])
+    metrics.update(zip(keys, summed[len(grads):]))
+    return summed[:len(grads)]
+
+  def shard(self, dataset):
+    """Global batches of B -> this replica's B / R rows of each."""
+    num, index = self.num_replicas, self.replica_id
+    if num == 1:
+      return dataset
+
+    for spec in tf.nest.flatten(dataset.element_spec):
+      size = spec.shape[0] if spec.shape.rank else None
+      if size is None or size % num:
+        raise ValueError(
+            f"The global batch must be static (drop_remainder=True) and "
+            f"divide into {num} replicas. Received: batch_size={size}")
+    per = size // num
+
+    def take_rows(*batch):
+      rows = tf.nest.map_structure(
+          lambda t: t[index * per:(index + 1) * per], batch)
+      return rows[0] if len(rows) == 1 else rows
+    return dataset.map(take_rows)
+
+  def __repr__(self):
+    return (f"CollectiveReplicas(num_replicas={self.num_replicas}, "
+            f"replica_id={self.replica_id})")
+
+
+def _task_order(cluster_spec):
+  """Every (task_type, task_id) of the cluster, chief first."""
+  jobs = cluster_spec.as_dict()
+  tasks = []
+  for job in ("chief", "worker"):
+    count = cluster_spec.num_tasks(job) if job in jobs else 0
+    tasks += [(job, i) for i in range(count)]
+  return tasks
+
+
+def _split_host_cpu(num_devices, intra_op_threads):
+  """K logical CPUs, one thread per op, K ops at once; starts nothing.
+
+  `placement.configure_simulated_devices` lists the devices at the end,
+  which starts the runtime; collective ops must be configured before that.
+  """
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  try:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+    tf.config.threading.set_inter_op_parallelism_threads(num_devices)
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+  except RuntimeError as e:
+    raise RuntimeError(
+        f"replicas.connect must run before the TF runtime starts (before "
+        f"any tensor or device listing). Received: num_modules="
+        f"{num_devices}") from e
+
+
+def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
+            intra_op_threads=1):
+  """Joins the cluster; returns this process's replicas and placement.
+
+  Call it first, before any other TF op: collective ops can only be
+  configured before the runtime starts. For "simulated" it also splits the
+  host CPU into K logical devices (as `configure_simulated_devices`). Every
+  task of the cluster (its "chief" and "worker" jobs, chief first) is one
+  replica.
+
+  Args:
+    resolver: a `tf.distribute.cluster_resolver.ClusterResolver`; None reads
+      TF_CONFIG.
+    num_modules: K; module k goes on local device k.
+    kind: "simulated" (logical CPU k) or "gpu" (GPU k).
+    timeout_s: see `CollectiveReplicas`.
+    intra_op_threads: "simulated": threads each op may use.
+
+  Returns:
+    `(replicas, placement, strategy)`: the `CollectiveReplicas`, the
+    `placement.Placement` of module k on this task's device k, and the
+    `MultiWorkerMirroredStrategy` that holds the collective runtime (keep it;
+    do not train under it).
+
+  Raises:
+    ValueError: an unknown kind, a task that is not part of the cluster, or
+      fewer local devices than modules.
+  """
+  if kind not in DEVICE_TYPES:
+    raise ValueError(f"Replicas x modules places module k on local device "
+                     f"k: kind must be one of {tuple(DEVICE_TYPES)}. "
+                     f"Received: kind={kind!r}")
+  resolver = resolver or (
+      tf.distribute.cluster_resolver.TFConfigClusterResolver())
+  tasks = _task_order(resolver.cluster_spec())
+  me = (resolver.task_type, resolver.task_id)
+  if me not in tasks:
+    raise ValueError(f"This task is not in the cluster {tasks}. "
+                     f"Received: task={me}")
+  if kind == "simulated":
+    _split_host_cpu(num_modules, intra_op_threads)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      cluster_resolver=resolver)
+  device_type = DEVICE_TYPES[kind]
+  devices = [f"/job:{me[0]}/replica:0/task:{me[1]}/device:"
+             f"{device_type}:{k}" for k in range(num_modules)]
+  found = [d.name for d in tf.config.list_logical_devices(device_type)]
+  missing = [d for d in devices
+             if not any(placement_lib.same_device(d, f) for f in found)]
+  if missing:
+    raise ValueError(
+        f"Module k goes on local {device_type} device k, but this task "
+        f"lacks {missing}. Received: num_modules={num_modules}")
+  replicas = CollectiveReplicas(len(tasks), tasks.index(me), timeout_s)
+  return replicas, placement_lib.Placement(kind, devices), strategy
