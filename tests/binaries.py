@@ -1,5 +1,6 @@
 """Runs the project's binaries in subprocesses, as a user would."""
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -14,3 +15,20 @@ def run_binary(module, *flags, check=True):
   if check and proc.returncode != 0:
     raise AssertionError(f"{module} failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
+
+
+def tree_digest(root):
+  """{relative path: sha256 of its bytes, None for a folder} under root.
+
+  Equal before and after a binary ran: it changed nothing there.
+  """
+  found = {}
+  for top, dirs, files in os.walk(root):
+    for name in dirs:
+      found[os.path.relpath(os.path.join(top, name), root)] = None
+    for name in files:
+      path = os.path.join(top, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, root)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return found

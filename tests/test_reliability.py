@@ -8,7 +8,6 @@ words (the flag or file at fault), no traceback, and every file of the tree
 byte for byte unchanged (nothing added, nothing removed)."""
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.binaries import ROOT, run_binary
+from tests.binaries import ROOT, run_binary, tree_digest
 from train import config as config_lib
 from train import flags_lib
 
@@ -241,18 +240,7 @@ def test_flag_types_parse():
 PARALLEL = 4
 
 
-def _tree(root):
-  """{relative path: sha256} of every file under root (dirs as None)."""
-  found = {}
-  for top, dirs, files in os.walk(root):
-    for name in dirs:
-      found[os.path.relpath(os.path.join(top, name), root)] = None
-    for name in files:
-      path = os.path.join(top, name)
-      with open(path, "rb") as f:
-        found[os.path.relpath(path, root)] = hashlib.sha256(
-            f.read()).hexdigest()
-  return found
+_tree = tree_digest
 
 
 def _user_dir(case):

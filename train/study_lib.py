@@ -15,6 +15,10 @@ From its TensorBoard event files this module reads three clocks:
 Then the per-module op costs (`train.module_costs`, own process) and the
 schedule model give each strategy's predicted step time: with as many cores
 as here, and with one core per module.
+
+`check_study` reads everything stored in out_dir before the first write:
+run folders must be this study's (`train.study_owner`), stored results and
+op costs complete and made with the same settings, no run in use.
 """
 
 import collections
@@ -27,6 +31,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from typing import Optional
 
 from tensorboard.backend.event_processing import event_file_loader
 import tensorflow as tf
@@ -36,6 +41,8 @@ from tf_interlock import run_dir
 from tf_interlock import schedule
 from tf_interlock import strategy as strategy_lib
 from train import config as config_lib
+from train import study_owner
+from train import study_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Config fields that compare sets itself, and the flag that sets them.
@@ -69,6 +76,7 @@ class Study:
   num_modules: int
   out_dir: str
   jobs: int = 1
+  owner: Optional[str] = None  # the study's id (`study_owner.claim`)
 
   def settings(self):
     """What a stored run must agree with to be reused."""
@@ -90,6 +98,48 @@ def eval_every_steps(train_steps, eval_points, steps_per_loop):
         f"{train_steps} into a whole number of loops of steps_per_loop="
         f"{steps_per_loop} steps. Received: eval_points={eval_points}")
   return every
+
+
+def strategy_names(spellings, num_modules):
+  """The names of --strategies, each strategy once.
+
+  Spellings of one strategy train the same network the same way:
+  'pairwise' is '2wise' is '2wise-only'; the variant means nothing for
+  local (a window of one loss) or end-to-end; and a window n >= K is
+  end-to-end (every module trained by the final loss, the aux heads by
+  their own losses only), so with K = 4 '4wise' is 'e2e'.
+
+  Args:
+    spellings: the --strategies list.
+    num_modules: K.
+
+  Returns:
+    The canonical names (`InterlockStrategy.name`), in the given order.
+
+  Raises:
+    ValueError: for an unknown spelling, or two that name one strategy.
+  """
+  received = f"Received: strategies={','.join(spellings)}"
+  if not spellings:
+    raise ValueError(f"--strategies must name at least one strategy. "
+                     f"{received}")
+  seen = {}
+  for spelling in spellings:
+    try:
+      parsed = strategy_lib.parse_strategy(spelling)
+    except ValueError as e:
+      raise ValueError(f"--strategies: {str(e).split('. Received')[0]}. "
+                       f"{received}") from None
+    window = parsed.effective_window(num_modules)
+    # The variant matters only where the window holds several losses.
+    key = (window, parsed.variant if 1 < window < num_modules else None)
+    if key in seen:
+      raise ValueError(
+          f"--strategies names one strategy twice: {seen[key]!r} and "
+          f"{spelling!r} train the same way with num_modules={num_modules}; "
+          f"give it once. {received}")
+    seen[key] = spelling
+  return [strategy_lib.parse_strategy(s).name for s in spellings]
 
 
 def train_args(study, strategy, **run_flags):
@@ -119,8 +169,10 @@ def launch(module, args, log_path):
       tail.append(line)
     proc.wait()
   if proc.returncode:
-    raise RunError(f"{module} exited with {proc.returncode}; end of "
-                   f"{log_path}:\n{''.join(tail)}")
+    last = next((line.strip() for line in reversed(tail) if line.strip()),
+                "")
+    raise RunError(f"{module} exited with {proc.returncode}: {last} (log: "
+                   f"{log_path})\n{''.join(tail)}")
 
 
 def read_scalars(event_dir):
@@ -185,6 +237,12 @@ def summarize_run(model_dir, metric):
   run = run_dir.RunDir(model_dir)
   train = read_scalars(run.train_log_dir)
   evals = read_scalars(run.eval_log_dir)
+  for scalars, events, tag in ((train, run.train_log_dir, "step_time_s"),
+                               (evals, run.eval_log_dir, f"final/{metric}")):
+    if tag not in scalars:
+      raise RunError(f"{events} holds no {tag!r} events: the run did not "
+                     f"train here as compare asked. Received: "
+                     f"model_dir={model_dir!r}")
   curve_points = evals[f"final/{metric}"]
   timing = account_time(train["step_time_s"],
                         {step: wall for step, wall, _ in curve_points})
@@ -213,39 +271,75 @@ def _head_order(head):
   return (head == "final", int(head.split("_")[1]) if "_" in head else 0)
 
 
-def write_json(path, value):
-  """Writes `value` to `path` atomically (a reader sees old or new)."""
-  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump(value, f, indent=2)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+def _run_dir(study, strategy, seed):
+  return os.path.join(study.out_dir, strategy, f"seed_{seed}")
 
 
-def _reuse(path, settings):
-  """The stored result at `path` if it has `settings`, else None."""
-  if not tf.io.gfile.exists(path):
-    return None
-  with tf.io.gfile.GFile(path) as f:
-    result = json.load(f)
-  if result["settings"] != settings:
-    raise ValueError(f"{path} comes from other settings "
-                     f"{result['settings']}; use a new --out_dir. "
-                     f"Received: {settings}")
-  return result
+def _costs_settings(study, repeats):
+  return {"preset": study.preset, "overrides": study.overrides,
+          "repeats": repeats}
 
 
-def run_one(study, strategy, seed):
-  """Trains one (strategy, seed) unless its result exists; its result."""
-  model_dir = os.path.join(study.out_dir, strategy, f"seed_{seed}")
+def check_study(study, repeats, break_lock=False):
+  """Everything stored in out_dir that can refuse the study; writes nothing.
+
+  Every existing run folder must be this study's; stored results and op
+  costs complete and made with the same settings; no unfinished run held by
+  a live process (a dead one's lock is taken over and so removed).
+
+  Args:
+    study: the `Study` (its owner is read here).
+    repeats: the op costs' --cost_repeats.
+    break_lock: take over a run's lock although its holder looks alive.
+
+  Returns:
+    The study's id from out_dir's marker; None for a new or empty out_dir.
+
+  Raises:
+    ValueError: in one line naming the folder or file at fault.
+  """
+  owner = study_owner.study_owner(study.out_dir)
+  unfinished = []
+  for strategy in study.strategies:
+    for seed in study.seeds:
+      model_dir = _run_dir(study, strategy, seed)
+      state = study_owner.run_state(study.out_dir, model_dir, owner,
+                                    strategy, seed, RESULT_FILE)
+      if state == study_owner.FINISHED:
+        study_store.read(os.path.join(model_dir, RESULT_FILE),
+                         study.settings(), study_store.RESULT_FIELDS,
+                         study_store.result_problem)
+      elif state == study_owner.UNFINISHED:
+        unfinished.append(model_dir)
+  study_owner.check_unclaimed(study.out_dir, owner)
+  study_store.read(os.path.join(study.out_dir, COSTS_FILE),
+                   _costs_settings(study, repeats), study_store.COSTS_FIELDS)
+  for model_dir in unfinished:
+    study_owner.check_not_in_use(model_dir, break_lock)
+  return owner
+
+
+def run_one(study, strategy, seed, break_lock=False):
+  """Trains one (strategy, seed) unless its result exists; its result.
+
+  Only a run folder of this study is reused or restarted; see
+  `study_owner`.
+  """
+  model_dir = _run_dir(study, strategy, seed)
   result_path = os.path.join(model_dir, RESULT_FILE)
   settings = study.settings()
-  result = _reuse(result_path, settings)
-  if result is not None:
+  state = study_owner.run_state(study.out_dir, model_dir, study.owner,
+                                strategy, seed, RESULT_FILE)
+  if state == study_owner.FINISHED:
     print(f"{strategy} seed {seed}: finished earlier, not rerun", flush=True)
-    return result
-  if tf.io.gfile.exists(model_dir):
-    # Ours (compare made it); an unfinished run restarts for a clean clock.
-    print(f"{strategy} seed {seed}: restarting the unfinished run")
-    tf.io.gfile.rmtree(model_dir)
+    return study_store.read(result_path, settings, study_store.RESULT_FIELDS,
+                            study_store.result_problem)
+  if state == study_owner.UNFINISHED:
+    # An unfinished run of ours restarts from scratch for a clean clock.
+    print(f"{strategy} seed {seed}: restarting the unfinished run",
+          flush=True)
+  study_owner.prepare(study.out_dir, model_dir, study.owner, strategy, seed,
+                      break_lock)
   launch("train.train", train_args(
       study, strategy, seed=seed, model_dir=model_dir,
       train_steps=study.train_steps, eval_every_steps=study.eval_every_steps,
@@ -253,16 +347,17 @@ def run_one(study, strategy, seed):
          os.path.join(study.out_dir, "logs", f"{strategy}_seed_{seed}.log"))
   result = summarize_run(model_dir, study.metric)
   result.update(settings=settings, strategy=strategy, seed=seed)
-  write_json(result_path, result)
+  study_store.write_json(result_path, result)
   return result
 
 
-def run_all(study):
+def run_all(study, break_lock=False):
   """{strategy: [result per seed]}, `study.jobs` runs at a time."""
   tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
   pairs = [(s, seed) for s in study.strategies for seed in study.seeds]
   with concurrent.futures.ThreadPoolExecutor(study.jobs) as pool:
-    results = list(pool.map(lambda pair: run_one(study, *pair), pairs))
+    results = list(pool.map(lambda pair: run_one(study, *pair, break_lock),
+                            pairs))
   by_strategy = {s: [] for s in study.strategies}
   for (strategy, _), result in zip(pairs, results):
     by_strategy[strategy].append(result)
@@ -272,9 +367,8 @@ def run_all(study):
 def measure_costs(study, repeats=10):
   """The per-module op costs of the study's network (reused if stored)."""
   path = os.path.join(study.out_dir, COSTS_FILE)
-  settings = {"preset": study.preset, "overrides": study.overrides,
-              "repeats": repeats}
-  stored = _reuse(path, settings)
+  settings = _costs_settings(study, repeats)
+  stored = study_store.read(path, settings, study_store.COSTS_FIELDS)
   if stored is not None:
     return stored
   raw = path + ".raw"
@@ -285,7 +379,7 @@ def measure_costs(study, repeats=10):
     measured = json.load(f)
   tf.io.gfile.remove(raw)
   measured["settings"] = settings
-  write_json(path, measured)
+  study_store.write_json(path, measured)
   return measured
 
 
@@ -300,6 +394,12 @@ def predict_step_times(costs, strategies, cores):
 
 def aggregate_runs(runs):
   """Seeds of one strategy: bands of the clocks, curve and final metrics."""
+  heads = {head: sorted(m) for head, m in runs[0]["eval"].items()}
+  for run in runs[1:]:
+    if {head: sorted(m) for head, m in run["eval"].items()} != heads:
+      raise ValueError(f"every seed must report the same heads and metrics; "
+                       f"seed {runs[0]['seed']}: {heads}. Received: seed "
+                       f"{run['seed']} eval={sorted(run['eval'])}")
   curves = [[(p["step"], p["seconds"], p["value"]) for p in run["curve"]]
             for run in runs]
   points = projection.aggregate(curves)

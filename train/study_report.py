@@ -3,22 +3,75 @@
 The measured side uses this machine's training clock; the predicted side
 puts the same per-step curves on the time axis step * (schedule model's step
 time with one core per module), see `tf_interlock.projection`.
+
+In --report_dir (say docs/results/NAME, next to a hand-written reading.md)
+compare replaces only its own outputs: an existing results.json, report.md
+or plot there is overwritten only when that folder's results.json is a
+compare report; any other file is never touched.
 """
 
+import dataclasses
 import io
+import json
 import os
 import platform
 
 import tensorflow as tf
 
+from tf_interlock import paths
 from tf_interlock import projection
 from train import study_lib
+from train import study_owner
+from train import study_store
 
 PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
          "metric_vs_predicted_seconds.png")
 # Our reading of a finished study, written by hand next to report.md; each
 # (re)run of the study copies it into the report's "Reading" section.
 READING = "reading.md"
+RESULTS = "results.json"
+REPORT = "report.md"
+COMMAND = "python -m train.compare"
+
+
+def _is_compare_results(path):
+  """True if `path` is the results.json of a compare study."""
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      results = json.loads(f.read().decode("utf-8"))
+  except (ValueError, tf.errors.OpError):
+    return False
+  return (isinstance(results, dict) and
+          isinstance(results.get("strategies"), dict) and
+          str(results.get("command", "")).startswith(COMMAND))
+
+
+def check_report_dir(report_dir, plots):
+  """Raises unless compare may write its outputs to report_dir; reads only.
+
+  Args:
+    report_dir: --report_dir.
+    plots: whether the PNGs are written too.
+
+  Raises:
+    ValueError: report_dir is, or lies under, a file; or it holds one of
+      the outputs' names that compare did not write.
+  """
+  received = f"Received: report_dir={report_dir!r}"
+  blocker = paths.file_above(report_dir)
+  if blocker is not None:
+    raise ValueError(f"--report_dir={report_dir} is or lies under the file "
+                     f"{blocker}. {received}")
+  names = [RESULTS, REPORT] + (list(PLOTS) if plots else [])
+  present = [paths.join(report_dir, name) for name in names
+             if tf.io.gfile.exists(paths.join(report_dir, name))]
+  if present and (
+      not _is_compare_results(paths.join(report_dir, RESULTS)) or
+      any(tf.io.gfile.isdir(path) for path in present)):
+    raise ValueError(
+        f"--report_dir={report_dir} holds {present[0]}, which is not an "
+        f"output of train.compare (none of its reports is there); nothing "
+        f"was changed: move it away or pick another directory. {received}")
 
 
 def machine():
@@ -249,18 +302,18 @@ def write_outputs(summary, out_dir, plots):
   tf.io.gfile.makedirs(out_dir)
   if plots:
     plot(summary, out_dir)
-  study_lib.write_json(os.path.join(out_dir, "results.json"), summary)
+  study_store.write_json(os.path.join(out_dir, RESULTS), summary)
   reading_path = os.path.join(out_dir, READING)
   reading = None
   if tf.io.gfile.exists(reading_path):
     with tf.io.gfile.GFile(reading_path) as f:
       reading = f.read()
-  with tf.io.gfile.GFile(os.path.join(out_dir, "report.md"), "w") as f:
+  with tf.io.gfile.GFile(os.path.join(out_dir, REPORT), "w") as f:
     f.write(report_markdown(summary, reading))
 
 
 def run_and_report(study, *, eval_points, target, plots, cost_repeats,
-                   command, report_dir=None):
+                   command, report_dir=None, break_lock=False):
   """Measures the op costs, runs (or reuses) every run, writes the outputs.
 
   Args:
@@ -271,13 +324,22 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
     cost_repeats: timed calls per op for the op costs.
     command: the command line, for the report.
     report_dir: a second folder for the outputs (None: out_dir only).
+    break_lock: restart an unfinished run although the process holding
+      its lock looks alive.
 
   Returns:
     The summary written to results.json.
+
+  Raises:
+    ValueError: before anything is written, when out_dir holds what this
+      study did not make or cannot reuse (`study_lib.check_study`).
   """
+  owner = study_lib.check_study(study, cost_repeats, break_lock)
+  study = dataclasses.replace(study, owner=study_owner.claim(study.out_dir,
+                                                             owner))
   tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
   costs = study_lib.measure_costs(study, cost_repeats)
-  runs = study_lib.run_all(study)
+  runs = study_lib.run_all(study, break_lock)
   cores_here = min(study.num_modules, os.cpu_count())
   predicted = study_lib.predict_step_times(
       costs, study.strategies, sorted({cores_here, study.num_modules}))

@@ -1,0 +1,201 @@
+"""What a study (`train.compare`) may delete: only folders it made itself.
+
+A study's out_dir holds its run folders out_dir/<strategy>/seed_<seed>, each
+a `train.train` model_dir, plus logs and reports. An unfinished run is
+restarted from scratch (a clean training clock), which deletes what is in
+its folder; a user's own run, or one from another study, in the same place
+must never be deleted. So, as `tf_interlock.export` does for exports, every
+folder compare creates carries a marker naming its owner:
+
+* out_dir/compare_study.json: {"owner": <study id>}, written when compare
+  claims a new or empty out_dir; a non-empty out_dir without it is refused.
+* <run folder>/compare_run.json: {"owner": <study id>, "strategy", "seed"},
+  written when compare creates the run folder.
+
+A run folder is reused (finished) or restarted (unfinished) only when its
+marker names this study and the same (strategy, seed); anything else is
+refused in one line naming the folder, before anything is written. A
+restart also takes the run's lock (`tf_interlock.run_lock`, the lock that
+`train.train` holds while it trains), so a live process in the folder is
+refused, naming it, and its lock and checkpoints stay where they are.
+"""
+
+import json
+import time
+import uuid
+
+import tensorflow as tf
+
+from tf_interlock import paths
+from tf_interlock import run_dir as run_dir_lib
+from tf_interlock.run_lock import RunLock
+
+STUDY_MARKER = "compare_study.json"
+RUN_MARKER = "compare_run.json"
+# A run folder's state, as far as compare is concerned.
+NEW, FINISHED, UNFINISHED = "new", "finished", "unfinished"
+_MOVE_AWAY = "nothing was changed: move it away or pick a new --out_dir"
+
+
+def _read_marker(path):
+  """The JSON object at `path`; None when absent, {} when unreadable."""
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      value = json.loads(f.read().decode("utf-8"))
+  except (ValueError, tf.errors.OpError):
+    return {}
+  return value if isinstance(value, dict) else {}
+
+
+def _create_json(path, value):
+  """Writes a new file at `path`; False if one appeared there meanwhile."""
+  # A prefix, not a suffix: TF's ram:// reports "x" as existing while
+  # "x.anything" does.
+  tmp = paths.join(paths.parent(path),
+                   f".tmp-{uuid.uuid4().hex[:8]}-{paths.basename(path)}")
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(json.dumps(value, indent=2, sort_keys=True))
+  try:
+    tf.io.gfile.rename(tmp, path, overwrite=False)
+  except tf.errors.AlreadyExistsError:
+    tf.io.gfile.remove(tmp)
+    return False
+  return True
+
+
+def _received(out_dir):
+  return f"Received: out_dir={out_dir!r}"
+
+
+def study_owner(out_dir):
+  """The study id in out_dir's marker; None if there is no marker.
+
+  Raises:
+    ValueError: out_dir is, or lies under, a file, or its marker is
+      unreadable.
+  """
+  out_dir = paths.normalize(out_dir)
+  blocker = paths.file_above(out_dir)
+  if blocker is not None:
+    raise ValueError(f"--out_dir={out_dir} is or lies under the file "
+                     f"{blocker}. {_received(out_dir)}")
+  marker = _read_marker(paths.join(out_dir, STUDY_MARKER))
+  if marker is None:
+    return None
+  if not isinstance(marker.get("owner"), str):
+    raise ValueError(
+        f"{paths.join(out_dir, STUDY_MARKER)} is not a train.compare marker "
+        f"(a JSON object with a string 'owner'); {_MOVE_AWAY}. "
+        f"{_received(out_dir)}")
+  return marker["owner"]
+
+
+def check_unclaimed(out_dir, owner):
+  """Raises unless out_dir is compare's (`owner`), new or empty."""
+  out_dir = paths.normalize(out_dir)
+  if (owner is None and tf.io.gfile.isdir(out_dir) and
+      tf.io.gfile.listdir(out_dir)):
+    raise ValueError(
+        f"--out_dir={out_dir} holds files that train.compare did not write "
+        f"(no {STUDY_MARKER}); nothing was changed: pick a new or empty "
+        f"directory. {_received(out_dir)}")
+
+
+def claim(out_dir, owner):
+  """Makes out_dir this study's (a new id if `owner` is None); the id."""
+  if owner is not None:
+    return owner
+  out_dir = paths.normalize(out_dir)
+  tf.io.gfile.makedirs(out_dir)
+  owner = uuid.uuid4().hex
+  if not _create_json(paths.join(out_dir, STUDY_MARKER),
+                      {"owner": owner, "made_by": "train.compare",
+                       "created": time.time()}):
+    raise ValueError(f"another train.compare claimed --out_dir={out_dir} "
+                     f"just now; nothing was changed. {_received(out_dir)}")
+  return owner
+
+
+def _owns_run(run_dir, owner, strategy, seed):
+  marker = _read_marker(paths.join(run_dir, RUN_MARKER)) or {}
+  return owner is not None and (marker.get("owner"), marker.get(
+      "strategy"), marker.get("seed")) == (owner, strategy, seed)
+
+
+def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
+  """NEW, FINISHED or UNFINISHED; raises for a folder this study did not make.
+
+  Reads only.
+
+  Args:
+    out_dir: the study's --out_dir (for messages).
+    run_dir: out_dir/<strategy>/seed_<seed>.
+    owner: this study's id, or None for a study not begun yet.
+    strategy: the strategy's name; seed: the run's seed.
+    result_file: the name of a finished run's result in run_dir.
+  """
+  blocker = paths.file_above(run_dir)
+  if blocker is not None:
+    raise ValueError(f"{blocker} is a file where compare needs the folder "
+                     f"{run_dir}; {_MOVE_AWAY}. {_received(out_dir)}")
+  if not tf.io.gfile.exists(run_dir):
+    return NEW
+  if not _owns_run(run_dir, owner, strategy, seed):
+    raise ValueError(
+        f"{run_dir} holds a run that this train.compare study did not make "
+        f"(no {RUN_MARKER} naming it); {_MOVE_AWAY}. {_received(out_dir)}")
+  if tf.io.gfile.exists(paths.join(run_dir, result_file)):
+    return FINISHED
+  return UNFINISHED
+
+
+def _lock(run_dir):
+  return RunLock(paths.join(run_dir, run_dir_lib.LOCK),
+                 break_flag="--break_lock")
+
+
+def check_not_in_use(run_dir, break_lock=False):
+  """Raises ValueError naming the holder if a live process holds run_dir.
+
+  Takes the run's lock and gives it back: a lock left by a dead process is
+  taken over (with a warning) and so removed; a live one is left alone.
+  """
+  lock = _lock(run_dir)
+  lock.acquire(break_lock=break_lock)
+  lock.release()
+
+
+def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
+  """Under the run's lock: marks a new run folder, or empties an unfinished
+  one of ours (but its marker), so that train.train starts from scratch.
+
+  Raises:
+    ValueError: a live process holds the run, or the folder turned out not
+      to be this study's; nothing was deleted then.
+  """
+  created = not tf.io.gfile.exists(run_dir)
+  tf.io.gfile.makedirs(run_dir)
+  lock = _lock(run_dir)
+  try:
+    lock.acquire(break_lock=break_lock)
+    entries = [e.rstrip("/") for e in tf.io.gfile.listdir(run_dir)]
+    if _owns_run(run_dir, owner, strategy, seed):
+      for entry in entries:
+        if entry not in (run_dir_lib.LOCK, RUN_MARKER):
+          path = paths.join(run_dir, entry)
+          (tf.io.gfile.rmtree if tf.io.gfile.isdir(path)
+           else tf.io.gfile.remove)(path)
+    elif not (entries == [run_dir_lib.LOCK] and _create_json(
+        paths.join(run_dir, RUN_MARKER),
+        {"owner": owner, "strategy": strategy, "seed": seed})):
+      # Someone else's files arrived since the checks: leave them.
+      raise ValueError(
+          f"{run_dir} holds a run that this train.compare study did not "
+          f"make (no {RUN_MARKER} naming it); {_MOVE_AWAY}. "
+          f"{_received(out_dir)}")
+  finally:
+    lock.release()
+    if created and not tf.io.gfile.listdir(run_dir):
+      tf.io.gfile.rmtree(run_dir)  # made here, for nothing
