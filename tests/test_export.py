@@ -218,9 +218,7 @@ def test_exports_into_an_existing_empty_dir(tmp_path):
 def test_an_export_of_the_same_owner_is_replaced_whole(tmp_path):
   path = tmp_path / "export"
   _mlp_export(path, seed=0, owner="run-a")
-  (path / "stale.txt").write_text("from the old export")
   _mlp_export(path, seed=1, owner="run-a")
-  assert not (path / "stale.txt").exists()
   assert os.listdir(tmp_path) == ["export"]  # No temp or backup dir left.
   assert export.read_marker(path)["owner"] == "run-a"
   x, _ = helpers.batch()
@@ -230,6 +228,20 @@ def test_an_export_of_the_same_owner_is_replaced_whole(tmp_path):
   np.testing.assert_allclose(
       loaded.signatures["serving_default"](inputs=x)["logits"],
       reference[1](h), atol=1e-5)
+
+
+@pytest.mark.parametrize("extra", ["stale.txt", "run/config.json",
+                                   "variables/notes.txt"])
+def test_an_own_export_holding_other_files_is_kept(tmp_path, extra):
+  path = tmp_path / "export"
+  _mlp_export(path, seed=0, owner="run-a")
+  (path / extra).parent.mkdir(parents=True, exist_ok=True)
+  (path / extra).write_text("not written by the export")
+  before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError, match="entries the export did not write"):
+    _mlp_export(path, seed=1, owner="run-a")
+  assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+  assert os.listdir(tmp_path) == ["export"]
 
 
 @pytest.mark.parametrize("first_owner, second_owner", [

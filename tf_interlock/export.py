@@ -19,9 +19,11 @@ forward pass a StopGradient is an identity, so the export rewrites every one
 into an `Identity` op, which has the same input, output and attribute.
 
 Never lose what we did not write: each export carries a marker file,
-`interlock_export.json`, naming its owner (a training run's id). An existing
-`export_dir` is replaced only when it is empty or its marker names the same
-owner; anything else is refused. Every file operation goes through
+`interlock_export.json`, naming its owner (a training run's id) and listing
+every file the export wrote. An existing `export_dir` is replaced only when
+it is empty, or its marker names the same owner and it holds nothing but
+the listed files (say, a run someone started inside it); anything else is
+refused. Every file operation goes through
 `tf.io.gfile`, so `export_dir` may be local or a URL (gs://, ram://).
 """
 
@@ -39,6 +41,11 @@ SERVING_KEY = "serving_default"
 _EXIT_PREFIX = "exit_"
 _INPUT_NAME = "inputs"
 MARKER = "interlock_export.json"
+# What a SavedModel holds at its top level: an export whose marker predates
+# the file list may hold these and nothing else.
+_SAVED_MODEL_ENTRIES = frozenset({
+    "saved_model.pb", "saved_model.pbtxt", "variables", "assets",
+    "assets.extra", "fingerprint.pb", "keras_metadata.pb", MARKER})
 
 
 def exit_indices(modules):
@@ -138,11 +145,39 @@ def read_marker(export_dir):
   return marker if isinstance(marker, dict) else None
 
 
+def _files(directory):
+  """Every file and folder under `directory`, as sorted relative paths."""
+  found = []
+  for root, dirs, files in tf.io.gfile.walk(directory):
+    rel = root[len(directory):].strip("/")
+    found.extend(paths.join(rel, name.rstrip("/")) if rel else
+                 name.rstrip("/") for name in list(dirs) + list(files))
+  return sorted(found)
+
+
+def foreign_entries(directory, marker):
+  """What `directory` holds that the export of `marker` did not write.
+
+  Args:
+    directory: an existing export directory.
+    marker: its marker (`read_marker`).
+
+  Returns:
+    Sorted relative paths; [] when everything there is the export's.
+  """
+  if isinstance(marker.get("files"), list):
+    return sorted(set(_files(directory)) - set(marker["files"]))
+  return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(directory)
+                if name.rstrip("/") not in _SAVED_MODEL_ENTRIES)
+
+
 def _owned(directory, owner):
-  """True if `directory` holds a marker naming `owner` (a non-None id)."""
+  """True if `directory` is an export of `owner` (a non-None id) holding
+  only what that export wrote."""
   marker = read_marker(directory)
   return (owner is not None and marker is not None and
-          marker.get("owner") == owner)
+          marker.get("owner") == owner and
+          not foreign_entries(directory, marker))
 
 
 def check_export_target(export_dir, owner=None, name="export_dir"):
@@ -170,11 +205,32 @@ def check_export_target(export_dir, owner=None, name="export_dir"):
                      f"pick a directory path. {received}")
   if not tf.io.gfile.exists(export_dir):
     return
+  marker = read_marker(export_dir)
+  foreign = (foreign_entries(export_dir, marker)
+             if marker is not None and owner is not None and
+             marker.get("owner") == owner else [])
+  if foreign:
+    shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+    raise ValueError(
+        f"{name}={export_dir} is an earlier export of this run but also "
+        f"holds entries the export did not write ({shown}); nothing was "
+        f"changed: move them away or pick another directory. {received}")
   if tf.io.gfile.listdir(export_dir) and not _owned(export_dir, owner):
     raise ValueError(
         f"{name}={export_dir} holds files that are not an export of this "
         f"run (no {MARKER} naming it); nothing was changed: move them away "
         f"or pick another directory. {received}")
+
+
+def _write_marker(directory, marker):
+  """Writes `marker` plus the list of files `directory` holds (itself
+  included), so a later export can tell its own files from others'."""
+  path = paths.join(directory, MARKER)
+  files = sorted(set(_files(directory)) | {MARKER})
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)  # ram:// appends on "w"
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(dict(marker, files=files), indent=2, sort_keys=True))
 
 
 def _siblings(export_dir, kind):
@@ -269,11 +325,10 @@ def export_saved_model(modules, input_spec, export_dir, *, owner=None,
       for kind in ("tmp", "old"))
   tf.io.gfile.makedirs(new_dir)
   try:
-    with tf.io.gfile.GFile(paths.join(new_dir, MARKER), "w") as f:
-      f.write(json.dumps({"owner": owner, **(metadata or {})}, indent=2,
-                         sort_keys=True))
+    _write_marker(new_dir, {"owner": owner, **(metadata or {})})
     tf.saved_model.save(root, new_dir, signatures=signatures)
     _stop_gradients_to_identities(new_dir)
+    _write_marker(new_dir, {"owner": owner, **(metadata or {})})
     _replace_dir(new_dir, export_dir, old_dir)
   finally:
     if tf.io.gfile.exists(new_dir):

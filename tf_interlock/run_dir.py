@@ -98,6 +98,39 @@ class RunDir:
         raise ValueError(f"{path} should be {kind} of the run directory; "
                          f"nothing was changed. {self._received}")
 
+  def check_nesting(self):
+    """Raises if model_dir is or lies inside an export, another run or a
+    checkpoints/ folder.
+
+    Whatever owns that folder would delete or overwrite this run: a new
+    export of the outer run replaces its export folder, and a checkpoint
+    manager deletes old ckpt-N files next to it. Reads only.
+    """
+    if tf.io.gfile.exists(self.file(export_lib.MARKER)):
+      raise ValueError(f"{self.name}={self.path} is an export "
+                       f"({export_lib.MARKER}), not a run directory; nothing "
+                       f"was changed: pick another folder. {self._received}")
+    current = self.path
+    while True:
+      up = paths.parent(current)
+      if up == current or up.endswith("://") or up == "":
+        return
+      current = up
+      if tf.io.gfile.exists(paths.join(current, export_lib.MARKER)):
+        owner = f"the export {current}"
+      elif tf.io.gfile.exists(paths.join(current, RUN_INFO)) or (
+          tf.io.gfile.exists(paths.join(current, CONFIG)) and
+          tf.io.gfile.isdir(paths.join(current, CHECKPOINTS))):
+        owner = f"the run {current}"
+      elif paths.basename(current) == CHECKPOINTS and tf.io.gfile.exists(
+          paths.join(current, POINTER)):
+        owner = f"the checkpoints folder {current}"
+      else:
+        continue
+      raise ValueError(f"{self.name}={self.path} lies inside {owner}, which "
+                       f"would overwrite or delete it; nothing was changed: "
+                       f"pick a folder outside it. {self._received}")
+
   def _read_json(self, path):
     try:
       with tf.io.gfile.GFile(path, "rb") as f:

@@ -78,6 +78,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
   """
   run = RunDir(model_dir)
   run.check_layout()
+  run.check_nesting()
   config = dataclasses.replace(config_from_run(run),
                                placement="single")
   latest = run.latest_checkpoint(checkpoint, flag="--checkpoint",

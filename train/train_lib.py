@@ -109,6 +109,7 @@ def check_run(config, run):
     (checkpoint to resume from or None, normalized export path).
   """
   run.check_layout()
+  run.check_nesting()
   current = json.loads(config.to_json())
   run.check_same(current, ARCHITECTURE_FIELDS,
                  "its checkpoints hold that architecture")
