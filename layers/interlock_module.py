@@ -65,6 +65,19 @@ class InterlockModule(keras.layers.Layer):
   def has_aux_head(self):
     return self.aux_head is not None
 
+  @property
+  def layer_names(self):
+    """The names of the body's layers in depth order (e.g. where
+    `from_keras` cut: the first and last name are the module's bounds)."""
+    names = getattr(self.body, "layer_names", None)
+    if names is not None:
+      return list(names)
+    inner = getattr(self.body, "layers", None)
+    if inner is not None:
+      return [layer.name for layer in inner
+              if not isinstance(layer, keras.layers.InputLayer)]
+    return [self.body.name]
+
   def build(self, input_shape):
     if not self.body.built:
       self.body.build(input_shape)

@@ -18,6 +18,7 @@ import math
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_interlock import losses as losses_lib
@@ -113,6 +114,34 @@ def per_example_loss(loss):
   return loss_fn
 
 
+def weighted(loss_fn):
+  """`loss_fn` that also takes labels `(y, sample_weight)`: w * loss(y).
+
+  `fit` passes sample weights along with the labels. The engine averages
+  the weighted per-example losses over the global batch, which is Keras's
+  default reduction: sum(w * loss) / batch size.
+  """
+  def loss_with_weights(labels, logits):
+    if not isinstance(labels, tuple):
+      return loss_fn(labels, logits)
+    y, sample_weight = labels
+    values = loss_fn(y, logits)
+    return values * tf.reshape(tf.cast(sample_weight, values.dtype),
+                               tf.shape(values))
+  return loss_with_weights
+
+
+def unweighted(metric_fn):
+  """`metric_fn` that ignores sample weights, as Keras's `metrics=` do."""
+  if metric_fn is None:
+    return None
+
+  def metric_without_weights(labels, logits):
+    return metric_fn(labels[0] if isinstance(labels, tuple) else labels,
+                     logits)
+  return metric_without_weights
+
+
 def _categorical_accuracy(labels, logits):
   return tf.cast(tf.equal(tf.argmax(labels, -1), tf.argmax(logits, -1)),
                  tf.float32)
@@ -157,12 +186,29 @@ def check_exit(modules, exit_k):
   return exit_k
 
 
-def _check_batches(dataset):
+def _check_batches(dataset, input_shape):
+  """Raises unless `dataset` yields fixed-size batches of examples.
+
+  Args:
+    dataset: (features, labels) or (features, labels, sample_weight).
+    input_shape: the built model's input shape (batch axis first), or None.
+  """
   spec = dataset.element_spec
-  if not isinstance(spec, tuple) or len(spec) != 2:
-    raise ValueError(f"fit needs a dataset of (features, labels) pairs. "
+  if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+    raise ValueError(f"fit needs a dataset of (features, labels) pairs or "
+                     f"(features, labels, sample_weight) triples. "
                      f"Received: element_spec={spec!r}")
-  batch = tf.nest.flatten(spec[0])[0].shape[:1]
+  features = tf.nest.flatten(spec[0])[0].shape
+  labels = tf.nest.flatten(spec[1])[0].shape
+  # One example's label is a scalar (class id); a batch's has a batch axis.
+  # A built model also knows the rank of a batch of inputs.
+  if labels.rank == 0 or (input_shape is not None and
+                          features.rank == len(input_shape) - 1):
+    raise ValueError(
+        f"fit needs a batched dataset; batch the dataset: "
+        f".batch(N, drop_remainder=True). Received: unbatched features "
+        f"shape={features}, labels shape={labels}")
+  batch = features[:1]
   if batch[0] is None:
     raise ValueError(
         "fit needs batches of one fixed size: every interlocking step is "
@@ -170,9 +216,18 @@ def _check_batches(dataset):
         f"Received: features batch shape={batch}")
 
 
+def _labels_with_weights(x, y, w):
+  """(features, labels, weights) -> (features, (labels, weights))."""
+  return x, (y, w)
+
+
 def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
-                     validation_split, validation_data):
+                     validation_split, validation_data, sample_weight=None,
+                     input_shape=None):
   """Fixed-size training batches and the number of steps per epoch.
+
+  Sample weights travel with the labels, as `(labels, sample_weight)`,
+  which `weighted` losses understand.
 
   Returns:
     (dataset, steps, keras_steps, validation_data): `steps` batches make an
@@ -180,10 +235,14 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
     fresh pass over a finite dataset each epoch).
   """
   if isinstance(x, tf.data.Dataset):
-    if y is not None or validation_split:
-      raise ValueError("With a dataset x, pass neither y nor "
-                       "validation_split. Received: y or validation_split")
-    _check_batches(x)
+    if y is not None or validation_split or sample_weight is not None:
+      raise ValueError("With a dataset x, pass neither y, sample_weight nor "
+                       "validation_split (a dataset yields (features, "
+                       "labels[, sample_weight])). Received: y, "
+                       "sample_weight or validation_split")
+    _check_batches(x, input_shape)
+    if len(x.element_spec) == 3:
+      x = x.map(_labels_with_weights)
     size = int(x.cardinality())
     if size in (tf.data.INFINITE_CARDINALITY, tf.data.UNKNOWN_CARDINALITY):
       if steps_per_epoch is None:
@@ -201,14 +260,20 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
     raise ValueError("fit needs x and y arrays, or a dataset of (features, "
                      "labels). Received: y=None")
   num = len(x)
+  if sample_weight is not None and len(sample_weight) != num:
+    raise ValueError(f"sample_weight needs one weight per example ({num}). "
+                     f"Received: len(sample_weight)={len(sample_weight)}")
   if validation_split:
     if validation_data is not None or not 0 < validation_split < 1:
       raise ValueError(f"validation_split must be in (0, 1), without "
                        f"validation_data. Received: "
                        f"validation_split={validation_split}")
     cut = int(math.floor(num * (1.0 - validation_split)))
-    validation_data = (x[cut:], y[cut:])
+    validation_data = (x[cut:], y[cut:]) + (
+        () if sample_weight is None else (sample_weight[cut:],))
     x, y, num = x[:cut], y[:cut], cut
+    if sample_weight is not None:
+      sample_weight = sample_weight[:cut]
   batch_size = batch_size or 32
   if num < batch_size:
     raise ValueError(f"fit needs at least one full batch of {batch_size} "
@@ -217,7 +282,9 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
     warnings.warn(f"Each epoch skips {num % batch_size} of {num} examples: "
                   f"interlocking steps need full batches of {batch_size}.",
                   stacklevel=3)
-  dataset = tf.data.Dataset.from_tensor_slices((x, y))
+  dataset = tf.data.Dataset.from_tensor_slices(
+      (x, y) if sample_weight is None else (
+          x, (y, np.asarray(sample_weight, dtype="float32"))))
   if shuffle:
     dataset = dataset.shuffle(num, reshuffle_each_iteration=True)
   dataset = dataset.batch(batch_size, drop_remainder=True)

@@ -28,8 +28,10 @@ import tensorflow as tf
 
 from tf_interlock import export as export_lib
 from tf_interlock import keras_fit
+from tf_interlock import keras_summary
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
+from tf_interlock.module_optimizers import ModuleOptimizers
 from tf_interlock.trainer import InterlockTrainer
 
 
@@ -81,6 +83,26 @@ class InterlockModel(keras.Model):
   @property
   def num_modules(self):
     return len(self.interlock_modules)
+
+  @property
+  def modules(self):
+    """The K `InterlockModule`s in depth order; `modules[k].layer_names`
+    lists the layers module k + 1 holds (e.g. where `from_keras` cut)."""
+    return list(self.interlock_modules)
+
+  def summary(self, line_length=None, positions=None, print_fn=None,
+              **kwargs):
+    """Prints one row per module: its first and last layer, its
+    parameters, its aux head (and the head's parameters) and its device.
+
+    Args:
+      line_length, positions: accepted for Keras compatibility; unused.
+      print_fn: called with each line; defaults to `print`.
+      **kwargs: other `keras.Model.summary` arguments; unused.
+    """
+    del line_length, positions, kwargs
+    for line in keras_summary.summary_lines(self):
+      (print_fn or print)(line)
 
   def _scope(self, k):
     if self.placement is None:
@@ -168,8 +190,8 @@ class InterlockModel(keras.Model):
           f"InterlockModel.compile takes optimizer, loss, metrics and "
           f"steps_per_execution only. Received: {sorted(kwargs)}")
     factory = keras_fit.optimizer_factory(optimizer, self.num_modules)
-    loss_fn = keras_fit.per_example_loss(loss)
-    metric_fn = keras_fit.per_example_metric(metrics)
+    loss_fn = keras_fit.weighted(keras_fit.per_example_loss(loss))
+    metric_fn = keras_fit.unweighted(keras_fit.per_example_metric(metrics))
     super().compile(optimizer=None, loss=None, metrics=None,
                     steps_per_execution=steps_per_execution,
                     jit_compile=False, run_eagerly=False)
@@ -182,6 +204,9 @@ class InterlockModel(keras.Model):
     # module's optimizer state with the model's weights.
     for k, opt in enumerate(self.trainer.optimizers, start=1):
       setattr(self, f"module_optimizer_{k}", opt)
+    # What Keras's callbacks read and set: the learning rate of every
+    # module's optimizer (or of the modules `model.optimizer.modules` names).
+    self.optimizer = ModuleOptimizers(self.trainer)
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
@@ -227,8 +252,12 @@ class InterlockModel(keras.Model):
     `len(x) % batch_size` examples of each shuffled epoch are skipped, as
     every step needs a full batch) or a `tf.data.Dataset` of
     `(features, labels)` with fixed-size batches (`drop_remainder=True`).
-    An infinite dataset needs `steps_per_epoch`. `class_weight` and
-    `sample_weight` are not supported. Other arguments are Keras's.
+    An infinite dataset needs `steps_per_epoch`. `sample_weight` (one
+    weight per example, with arrays; or a dataset of `(features, labels,
+    weights)`) weights every module's per-example losses as Keras does:
+    L_k = sum(w * loss_k) / batch size; metrics stay unweighted, as Keras's
+    `metrics=`. `class_weight` raises (pass the class's weight per example
+    as `sample_weight`). Other arguments are Keras's.
 
     Returns:
       The `History`: the per-epoch logs described in the module docstring.
@@ -236,15 +265,17 @@ class InterlockModel(keras.Model):
     if self.trainer is None:
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
-    for name, value in (("class_weight", class_weight),
-                        ("sample_weight", sample_weight)):
-      if value is not None:
-        raise ValueError(f"InterlockModel.fit does not support {name}. "
-                         f"Received: {name}={type(value).__name__}")
+    if class_weight is not None:
+      raise ValueError(
+          "InterlockModel.fit does not support class_weight; pass "
+          "sample_weight=np.take(weights, y) (one weight per example) "
+          f"instead. Received: class_weight={type(class_weight).__name__}")
     dataset, steps, keras_steps, validation_data = (
-        keras_fit.training_dataset(x, y, batch_size, shuffle,
-                                   steps_per_epoch, validation_split,
-                                   validation_data))
+        keras_fit.training_dataset(
+            x, y, batch_size, shuffle, steps_per_epoch, validation_split,
+            validation_data, sample_weight=sample_weight,
+            input_shape=(self._build_shapes_dict["input_shape"]
+                         if self.built else None)))
     features, _ = next(iter(dataset))
     self._ensure_built(features)
     self._fit_state.start(steps)
@@ -258,7 +289,9 @@ class InterlockModel(keras.Model):
                        steps_per_epoch=keras_steps, **kwargs)
 
   def test_step(self, data):
-    x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    if sample_weight is not None:
+      y = (y, sample_weight)
     return keras_fit.update_eval_trackers(self, x, y)
 
   def predict_step(self, data):

@@ -25,7 +25,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from layers.aux_heads import make_conv_aux_head
 from layers.interlock_module import InterlockModule
 from tf_interlock import partition
 
@@ -67,6 +66,11 @@ class KerasSegment(keras.layers.Layer):
   @property
   def model_config(self):
     return json.loads(self._model_json)
+
+  @property
+  def layer_names(self):
+    """The source model's layers this piece holds, in depth order."""
+    return [c["name"] for c in self.model_config["layers"][1:]]
 
   def call(self, inputs, training=False):
     return self.model(inputs, training=training)
@@ -300,6 +304,9 @@ def _make_aux_head(aux_head, k, shape, num_classes, activation):
           f"aux_head='authors' needs image features [B, H, W, C]; the cut "
           f"after module {k} carries shape {shape}. Received: "
           f"aux_head={aux_head!r}")
+    # Imported here: layers.aux_heads imports layers.common, which imports
+    # this package (tf_interlock/__init__.py imports this module).
+    from layers.aux_heads import make_conv_aux_head  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     # BN inside the authors' head is per replica here, as in the source model.
     return make_conv_aux_head("authors", num_classes, synchronized_bn=False,
                               name=name)
