@@ -16,8 +16,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from tf_interlock import placement as placement_lib  # noqa: E402
-
 K = 2
 GLOBAL_BATCH = 8
 STEPS_PER_LOOP = 2
@@ -60,7 +58,6 @@ def main(out, mode, strategies):
                                                   timeout_s=60)
     kwargs = dict(placement=placement, replicas=replicas)
   else:
-    placement_lib.configure_simulated_devices(K)
     kwargs = dict(distribute=tf.distribute.MultiWorkerMirroredStrategy())
   saved = {}
   for strategy in strategies:
