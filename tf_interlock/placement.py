@@ -8,6 +8,8 @@ Kinds:
 * "gpu": module k on GPU k.
 * "tpu": module k on logical core k of each replica of a `TPUStrategy` whose
   `DeviceAssignment` gives every replica K cores (data parallel x depthwise).
+* "cluster": module k on the CPU of worker t(k) of a cluster this process is
+  connected to (`tf_interlock.cluster.connect`), across processes or hosts.
 
 A device that does not exist is an error: TF's soft placement would
 otherwise silently run everything on CPU:0 and the "model-parallel" run
@@ -24,7 +26,9 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-KINDS = ("single", "simulated", "gpu", "tpu")
+from tf_interlock import cluster as cluster_lib
+
+KINDS = ("single", "simulated", "gpu", "tpu", "cluster")
 
 
 def configure_simulated_devices(num_devices, intra_op_threads=1,
@@ -177,7 +181,9 @@ def same_device(a, b):
   """Whether two device names denote the same device.
 
   '/job:localhost/replica:0/task:0/device:CPU:1', '/device:CPU:1' and
-  '/cpu:1' all name CPU 1; fields missing from either name are not compared.
+  '/cpu:1' all name CPU 1; fields missing from either name are not compared,
+  except the job: a name without one is this process's ("localhost"), so
+  '/device:CPU:0' is not worker 1's '/job:worker/task:1/device:CPU:0'.
 
   Args:
     a: a device name.
@@ -191,6 +197,8 @@ def same_device(a, b):
   x, y = tf.DeviceSpec.from_string(a), tf.DeviceSpec.from_string(b)
   for field in ("job", "replica", "task", "device_type", "device_index"):
     u, v = getattr(x, field), getattr(y, field)
+    if field == "job":
+      u, v = u or "localhost", v or "localhost"
     if field == "device_type" and u and v:
       u, v = u.upper(), v.upper()
     if u is not None and v is not None and u != v:
@@ -202,11 +210,12 @@ def make_placement(kind, num_modules, distribute=None, module_devices=None):
   """Builds and checks the placement of `num_modules` modules.
 
   Args:
-    kind: "single", "simulated", "gpu" or "tpu".
+    kind: "single", "simulated", "gpu", "tpu" or "cluster".
     num_modules: K.
     distribute: the strategy the trainer runs under.
-    module_devices: "simulated" and "gpu" only: per module, the index of its
-      device (several modules may share one); None = module k on device k.
+    module_devices: "simulated", "gpu" and "cluster" only: per module, the
+      index of its device ("cluster": its worker task; several modules may
+      share one); None = module k on device k.
 
   Returns:
     A `Placement`.
@@ -235,11 +244,19 @@ def make_placement(kind, num_modules, distribute=None, module_devices=None):
         f"module_devices must give a device index >= 0 to each of the "
         f"{num_modules} modules. Received: module_devices={module_devices}")
   device_type = "CPU" if kind == "simulated" else "GPU"
-  found = [d.name for d in tf.config.list_logical_devices(device_type)]
+  # This process's own devices: once connected to a cluster, the workers'
+  # devices are listed too.
+  found = [d.name for d in tf.config.list_logical_devices(device_type)
+           if tf.DeviceSpec.from_string(d.name).job in (None, "localhost")]
+  if kind == "cluster":
+    device_type = "worker"
+    found = cluster_lib.worker_devices()
   needed = max(module_devices) + 1
   if len(found) < needed:
-    hint = (" Call placement.configure_simulated_devices(K) before TF "
-            "starts." if kind == "simulated" else "")
+    hint = {"simulated": " Call placement.configure_simulated_devices(K) "
+                         "before TF starts.",
+            "cluster": " Connect first: tf_interlock.cluster.connect(spec)."
+            }.get(kind, "")
     raise ValueError(
         f"placement={kind} needs {needed} {device_type} devices for "
         f"{num_modules} modules but has {len(found)} {found}.{hint} "

@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 from layers import resnet
+from tf_interlock import cluster as cluster_lib
 from tf_interlock import strategy as strategy_lib
 
 MODELS = ("resnet", "transformer", "mlp")
@@ -24,11 +25,18 @@ TEXT_DATASETS = ("fortunes", "lm1b", "text_files")
 SYNTHETIC = ("synthetic",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
-PLACEMENTS = ("single", "simulated", "gpu", "tpu")
+PLACEMENTS = ("single", "simulated", "gpu", "tpu", "cluster")
 PRECISIONS = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
 VOCAB_KINDS = ("wordpiece", "char")
 AUX_HEADS = ("authors", "pool", "none")
+# One training loop is one tf.function that unrolls steps_per_loop steps,
+# each calling next() on the same dataset iterator while tracing. TF counts
+# those calls per iterator, over every trace (the loop of steps_per_loop
+# steps and a shorter last one), and above 32 raises "An unusually high
+# number of `tf.data.Iterator.get_next()` calls" (GET_NEXT_CALL_ERROR_
+# THRESHOLD in tensorflow/python/data/ops/iterator_ops.py).
+MAX_GET_NEXT_CALLS = 32
 PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "cifar10_resnet",
            "cifar100_resnet", "lm1b_transformer", "synthetic_mlp")
 
@@ -68,6 +76,12 @@ class Config:
   modules_per_device: int = 1
   num_microbatches: int = 1
   tpu: Optional[str] = None
+  # placement=cluster: the workers' host:port list (None: TF_CONFIG's worker
+  # job), modules on each worker (module k on worker k // modules_per_worker)
+  # and how long the trainer waits for every worker to come up.
+  cluster: Optional[str] = None
+  modules_per_worker: int = 1
+  cluster_timeout_s: float = 60.0
   mixed_precision: str = "float32"
   # Optimization (each module gets its own optimizer of this kind).
   optimizer: str = "sgd"
@@ -245,6 +259,9 @@ def _check_numbers(config):
   for name in ("epochs", "time_budget_s"):
     check_positive(name, getattr(config, name), allow_none=True)
   check_positive("learning_rate", config.learning_rate)
+  if config.placement != "tpu":  # TPUStrategy's iterator is not counted
+    check_number("steps_per_loop", config.steps_per_loop, minimum=1,
+                 maximum=MAX_GET_NEXT_CALLS, integer=True)
   for name in ("threads_per_device", "modules_per_device"):
     value = getattr(config, name)
     check_number(name, value, minimum=0, integer=True)
@@ -309,6 +326,30 @@ def _check_split(config):
          f"the {blocks} blocks of the {_network(config)}")
 
 
+def _check_cluster(config):
+  """--cluster (or TF_CONFIG) and --modules_per_worker of placement=cluster."""
+  check_positive("modules_per_worker", config.modules_per_worker,
+                 integer=True)
+  check_positive("cluster_timeout_s", config.cluster_timeout_s)
+  if config.placement != "cluster":
+    for name, unset in (("cluster", None), ("modules_per_worker", 1)):
+      if getattr(config, name) != unset:
+        fail(name, getattr(config, name), "applies only to "
+             f"placement=cluster (placement={config.placement})")
+    return
+  try:
+    workers = cluster_lib.cluster_spec(config.cluster).num_tasks(
+        cluster_lib.JOB)
+  except ValueError as e:
+    fail("cluster", config.cluster, str(e).rsplit(". Received:", 1)[0])
+  try:
+    cluster_lib.module_workers(config.num_modules, workers,
+                               config.modules_per_worker)
+  except ValueError as e:
+    fail("modules_per_worker", config.modules_per_worker,
+         str(e).rsplit(". Received:", 1)[0])
+
+
 def _check_directory(flag, path, may_create):
   """A readable directory (or, if `may_create`, a new one it can make)."""
   if not path:
@@ -353,5 +394,6 @@ def validate(config, num_replicas=1):
   check_batch(config, num_replicas)
   if config.placement == "tpu" and not config.tpu:
     fail("tpu", config.tpu, "placement=tpu needs --tpu (name or grpc://)")
+  _check_cluster(config)
   _check_directory("source_dir", config.source_dir, may_create=False)
   _check_directory("data_dir", config.data_dir, may_create=True)

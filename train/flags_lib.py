@@ -19,7 +19,16 @@ _HELP = {
     "strategy": "e2e, local, pairwise or Nwise (2wise, 3wise, ...).",
     "variant": "only (the released rule) or sum; default: the --strategy "
                "suffix (e.g. 2wise-sum), else only.",
-    "placement": "single, simulated (K logical CPUs), gpu or tpu.",
+    "placement": "single, simulated (K logical CPUs), gpu, tpu or cluster "
+                 "(module k on worker k of --cluster; docs/multi_host.md).",
+    "cluster": "placement=cluster: host:port of every worker "
+               "(python -m train.worker), comma-separated, in task order; "
+               "default: the worker job of TF_CONFIG.",
+    "modules_per_worker": "placement=cluster: modules on each worker; "
+                          "module k runs on worker k // modules_per_worker.",
+    "cluster_timeout_s": "placement=cluster: seconds to wait for every "
+                         "worker to accept connections before naming the "
+                         "missing ones.",
     "threads_per_device": "placement=simulated: intra-op threads of each "
                           "logical CPU device (0: chosen by the schedule "
                           "model for this host's cores).",

@@ -17,12 +17,14 @@ import tensorflow as tf
 from layers import resnet
 from layers import transformer
 from layers.interlock_module import InterlockModule
+from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
 from tf_interlock import threading_plan
 from tf_interlock.data import images
 from tf_interlock.data import text
 from train import config as config_lib
+from train import multi_worker
 
 SYNTHETIC_DIM = 32
 SYNTHETIC_CLASSES = 10
@@ -62,9 +64,14 @@ def simulated_plan(config):
 
 
 def setup_runtime(config):
-  """Process-wide settings; must run before the first TF op."""
-  if config.placement == "simulated":
-    plan = simulated_plan(config)
+  """Process-wide settings; must run before the first TF op.
+
+  A task of a multi-worker job (TF_CONFIG, see train/multi_worker.py) joins
+  it first: collective ops must be configured before the runtime starts.
+  """
+  plan = simulated_plan(config) if config.placement == "simulated" else None
+  joined = multi_worker.join(config, plan.threads_per_device if plan else 1)
+  if plan and not joined:
     placement_lib.configure_simulated_devices(
         plan.num_devices, intra_op_threads=plan.threads_per_device)
   if config.deterministic:
@@ -84,6 +91,10 @@ def num_replicas(config):
   if config.placement == "tpu":
     return None
   gpus = tf.config.list_physical_devices("GPU")
+  if multi_worker.mode(config) == "replicas":
+    return multi_worker.num_tasks()
+  if multi_worker.mode(config) == "mirrored":
+    return multi_worker.num_tasks() * max(1, len(gpus))
   # make_distribute mirrors a "single" placement over every GPU.
   return len(gpus) if config.placement == "single" and len(gpus) > 1 else 1
 
@@ -134,13 +145,56 @@ def resolve_tpu(config):
   return resolver
 
 
+def module_devices(config):
+  """Per module, the index of its device: the threading plan's logical CPU
+  (placement=simulated), its worker task t(k) (placement=cluster), else
+  None (module k on device k)."""
+  if config.placement == "simulated":
+    return simulated_plan(config).module_devices
+  if config.placement == "cluster":
+    spec = cluster_lib.cluster_spec(config.cluster)
+    return cluster_lib.module_workers(
+        config.num_modules, spec.num_tasks(cluster_lib.JOB),
+        config.modules_per_worker)
+  return None
+
+
+def connect_cluster(config):
+  """placement=cluster: connects this process to the workers.
+
+  Raises:
+    ValueError: one line naming the workers that did not come up within
+      --cluster_timeout_s.
+  """
+  spec = cluster_lib.cluster_spec(config.cluster)
+  try:
+    cluster_lib.connect(spec, config.cluster_timeout_s)
+  except ConnectionError as e:
+    raise ValueError(str(e)) from None
+
+
+def cluster_failure(config, error):
+  """The one line naming the worker a runtime error came from, or None."""
+  if config.placement != "cluster":
+    return None
+  return cluster_lib.describe_failure(
+      error, cluster_lib.cluster_spec(config.cluster))
+
+
 def make_distribute(config):
   """TPUStrategy (with K cores per replica), Mirrored on GPUs, or default.
 
+  placement=cluster connects to the workers first (bounded wait) and runs
+  under the default strategy: the modules, not replicas, are distributed.
+
   Raises:
     ValueError: one line naming --tpu when the TPU cannot be reached, or
-      --batch_size when it does not divide over the TPU's replicas.
+      --batch_size when it does not divide over the TPU's replicas, or the
+      workers of --cluster that did not come up.
   """
+  if config.placement == "cluster":
+    connect_cluster(config)
+    return tf.distribute.get_strategy()
   if config.placement == "tpu":
     resolver = resolve_tpu(config)
     try:
@@ -154,6 +208,8 @@ def make_distribute(config):
         resolver, experimental_device_assignment=assignment)
     config_lib.check_batch(config, distribute.num_replicas_in_sync)
     return distribute
+  if multi_worker.mode(config) == "mirrored":
+    return multi_worker.join(config)[2]
   gpus = tf.config.list_logical_devices("GPU")
   if config.placement == "single" and len(gpus) > 1:
     return tf.distribute.MirroredStrategy()

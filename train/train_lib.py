@@ -26,6 +26,7 @@ from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
+from train import multi_worker
 from train import setup_lib
 from train.controller import Controller
 
@@ -82,17 +83,18 @@ def build(config):
   distribute = setup_lib.make_distribute(config)
   task = setup_lib.make_task(config)
   steps = setup_lib.total_steps(config)
-  placement = placement_lib.make_placement(
+  # A task of a replicas x modules job: module k on its own device k.
+  replicas, placement, _ = multi_worker.join(config) or (None, None, None)
+  placement = placement or placement_lib.make_placement(
       config.placement, config.num_modules, distribute,
-      module_devices=(setup_lib.simulated_plan(config).module_devices
-                      if config.placement == "simulated" else None))
+      module_devices=setup_lib.module_devices(config))
   with distribute.scope():
     modules = setup_lib.make_modules(config, task)
   trainer = InterlockTrainer(
       modules, lambda k: setup_lib.make_optimizer(config, steps),
       config.strategy, variant=config.variant, distribute=distribute,
       placement=placement, steps_per_loop=config.steps_per_loop,
-      num_microbatches=config.num_microbatches)
+      num_microbatches=config.num_microbatches, replicas=replicas)
   sample = next(iter(task.train.take(1)))[0]
   trainer.build(sample)
   return trainer, task, steps
@@ -239,6 +241,15 @@ def no_context_warning(results, unigram_perplexity, margin=0.95):
           "try --variant=sum (docs/results/study_fortunes_lm/report.md).")
 
 
+def _raise_cluster_failure(config, error):
+  """placement=cluster: a runtime error from a worker becomes one line
+  naming the worker (TrainingError); anything else is raised as it is."""
+  line = setup_lib.cluster_failure(config, error)
+  if line is None:
+    raise error
+  raise TrainingError(line) from None
+
+
 def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
   """Validates, checks and locks model_dir, then trains; the binary's entry.
 
@@ -254,10 +265,16 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
   setup_lib.validate_for_run(config)
   if not config.model_dir:
     raise ValueError("--model_dir is required. Received: model_dir=None")
+  # A multi-worker job (TF_CONFIG): only the chief writes --model_dir.
+  config, shared_dir = multi_worker.task_config(config)
   run_dir = RunDir(config.model_dir)
-  check_run(config, run_dir)
+  multi_worker.check_fresh(config, check_run(config, run_dir)[0],
+                           shared_dir and RunDir(shared_dir))
   setup_lib.setup_runtime(config)
-  built = build(config)  # data and model errors before model_dir is made
+  try:
+    built = build(config)  # data and model errors before model_dir is made
+  except tf.errors.OpError as e:
+    _raise_cluster_failure(config, e)
   created = not run_dir.exists()
   tf.io.gfile.makedirs(run_dir.path)
   lock = RunLock(run_dir.lock_path)
@@ -265,9 +282,13 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
     lock.acquire(break_lock=break_lock)
     # Checked again under the lock: another run may have moved on.
     latest, export_dir = check_run(config, run_dir)
-    return train(config, built, run_dir, latest, export_dir, lock, out,
-                 extra_actions)
+    try:
+      return train(config, built, run_dir, latest, export_dir, lock, out,
+                   extra_actions)
+    except tf.errors.OpError as e:
+      _raise_cluster_failure(config, e)
   finally:
     lock.release()
     if created and not tf.io.gfile.listdir(run_dir.path):
       tf.io.gfile.rmtree(run_dir.path)  # made here for the lock only
+    multi_worker.remove_own_dir(config, created)
