@@ -236,3 +236,26 @@ def test_fit_errors_name_the_argument():
   for kwargs, match in cases:
     with pytest.raises(ValueError, match=match):
       model.fit(verbose=0, **kwargs)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_e2e_fit_equals_plain_keras_fit(weighted):
+  # The front door's honesty check: BN + Adam, unshuffled, same start; with
+  # sample weights, Keras's default reduction sum(w * loss) / batch.
+  x, y = data(num=4 * BATCH, seed=5)
+  weights = (np.random.default_rng(6).uniform(0, 2, size=len(x)).astype(
+      "float32") if weighted else None)
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  plain = sequential_cnn(size=SIZE)
+  plain.compile(keras.optimizers.Adam(1e-2), loss)
+  want = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                   sample_weight=weights, verbose=0)
+  model = InterlockModel(keras_split.from_keras(sequential_cnn(size=SIZE), 3),
+                         strategy="e2e", placement="simulated")
+  model.compile(keras.optimizers.Adam(1e-2), loss, steps_per_execution=2)
+  got = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                  sample_weight=weights, verbose=0)
+  np.testing.assert_allclose(got.history["loss"], want.history["loss"],
+                             rtol=1e-5)
+  np.testing.assert_allclose(model.predict(x, verbose=0),
+                             plain.predict(x, verbose=0), atol=1e-6)

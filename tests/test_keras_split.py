@@ -6,6 +6,7 @@ import pytest
 
 from tests.keras_models import (assert_on_devices, residual_model,
                                 sequential_cnn)
+from tf_interlock import keras_blocks
 from tf_interlock import keras_split
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
@@ -102,7 +103,7 @@ def test_cut_through_skip_connection_names_the_layers():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"num_modules": 9}, "num_modules must be between 1 and 5"),
+    ({"num_modules": 9}, "num_modules must be between 1 and 3"),
     ({"num_modules": 2, "balance": "speed"}, "Received: balance='speed'"),
     ({"num_modules": 2, "aux_head": "big"}, "Received: aux_head='big'"),
     ({"num_modules": 2, "split": [3, 3]}, "Received: split=\\[3, 3\\]"),
@@ -134,7 +135,7 @@ def test_models_without_a_graph_or_with_shared_layers_raise():
   with pytest.raises(ValueError, match="authors' needs image features"):
     keras_split.from_keras(keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
-                           2, aux_head="authors")
+                           2, split=[1, 1], aux_head="authors")
 
 
 def test_layer_flops_counts_dense_and_conv_multiply_adds():
@@ -146,3 +147,69 @@ def test_layer_flops_counts_dense_and_conv_multiply_adds():
   assert flops[3] == 2 * 14 * 14 * 4 * 9 * 4
   assert flops[-1] == 2 * 8 * 10
   assert flops[1] == flops[2] == 0
+
+
+def bn_resnet(blocks=2):
+  """Functional ResNet-style: conv-BN-ReLU stem, post-activation blocks."""
+  keras.utils.set_random_seed(0)
+  inputs = keras.Input((8, 8, 3))
+  h = keras.layers.Conv2D(8, 3, padding="same", name="stem_conv")(inputs)
+  h = keras.layers.ReLU(name="stem_relu")(
+      keras.layers.BatchNormalization(name="stem_bn")(h))
+  for b in range(blocks):
+    y = keras.layers.Conv2D(8, 3, padding="same", name=f"b{b}_conv1")(h)
+    y = keras.layers.ReLU(name=f"b{b}_relu1")(
+        keras.layers.BatchNormalization(name=f"b{b}_bn1")(y))
+    y = keras.layers.Conv2D(8, 3, padding="same", name=f"b{b}_conv2")(y)
+    y = keras.layers.BatchNormalization(name=f"b{b}_bn2")(y)
+    h = keras.layers.ReLU(name=f"b{b}_out")(
+        keras.layers.Add(name=f"b{b}_add")([h, y]))
+  h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+  return keras.Model(inputs, keras.layers.Dense(5, name="logits")(h))
+
+
+@pytest.mark.parametrize("num_modules", [2, 3])
+def test_flops_balance_keeps_blocks_whole(num_modules):
+  # With K = 3 the old balance gave module 1 [stem_conv] alone, cut from
+  # its BN and ReLU: a linear module whose linear aux head stayed at chance.
+  model = bn_resnet()
+  modules = keras_split.from_keras(model, num_modules)
+  names = [m.layer_names for m in modules]
+  assert names[0][:3] == ["stem_conv", "stem_bn", "stem_relu"]
+  for module_names in names[:-1]:
+    # Each module ends after an activation: never between a layer and the
+    # normalisation, activation or merge that takes its output over.
+    assert module_names[-1].endswith(("_relu", "_out")), names
+  for module_names in names:
+    assert any(n.endswith(("relu", "_out", "relu1")) for n in module_names)
+  assert names[-1][-1] == "logits"
+  # Each module holds a nonlinearity.
+  for module in modules:
+    assert any(keras_blocks.is_nonlinear(model.get_layer(n))
+               for n in module.layer_names)
+  x = np.random.default_rng(3).normal(size=(2, 8, 8, 3)).astype("float32")
+  np.testing.assert_allclose(chained(modules, x), model(x).numpy(),
+                             atol=1e-5)
+
+
+def test_split_still_forces_any_single_tensor_cut():
+  model = bn_resnet()
+  modules = keras_split.from_keras(model, 2, split=["stem_conv"])
+  assert modules[0].layer_names == ["stem_conv"]
+  assert modules[1].layer_names[0] == "stem_bn"
+
+
+def test_pre_activation_blocks_cut_after_the_sum():
+  # x -> [BN -> ReLU -> conv] + x: the sum feeds the next block's BN; the
+  # cut after the sum is the block boundary.
+  keras.utils.set_random_seed(0)
+  inputs = keras.Input((8,))
+  h = keras.layers.Dense(8, name="stem")(inputs)
+  for b in range(3):
+    y = keras.layers.BatchNormalization(name=f"b{b}_bn")(h)
+    y = keras.layers.Dense(8, activation="relu", name=f"b{b}_dense")(y)
+    h = keras.layers.Add(name=f"b{b}_add")([h, y])
+  model = keras.Model(inputs, keras.layers.Dense(3, name="logits")(h))
+  modules = keras_split.from_keras(model, 3)
+  assert [m.layer_names[-1] for m in modules] == ["b0_add", "b1_add",
+                                                  "logits"]

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
+from tf_interlock import keras_blocks
 from tf_interlock import partition
 
 BALANCE_MODES = ("flops", "params", "time")
@@ -352,10 +353,12 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   """Splits a Sequential or functional Keras model into K modules.
 
   Cuts go only where one tensor crosses. With `split=None` the model is cut
-  into blocks at every such place (a block without weights, e.g. the ReLU
-  after a residual addition, joins the block before it) and the blocks are
-  dealt into K contiguous modules minimising the most expensive module
-  (`partition.balanced_split`).
+  into blocks at such places, never between a layer and the
+  normalisation, activation or merge that takes over its output, and with
+  a nonlinearity in every block (`keras_blocks.block_ends`: in practice
+  after each block's last activation); the blocks are dealt into K
+  contiguous modules minimising the most expensive module
+  (`partition.balanced_split`). `split=` may cut at any single-tensor place.
 
   Args:
     model: a built `keras.Sequential` (starting with `keras.Input`) or a
@@ -403,13 +406,15 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
             f"tensor. Layers one can cut after: "
             f"{[layers[v].name for v in valid]}. Received: split={split!r}")
   else:
-    # A block ends after each single-tensor cut whose next layer has weights.
-    ends = [c + 1 for c in valid if layers[c + 1].weights] + [len(layers)]
+    # Blocks: a layer with its normalisation and activation, each with a
+    # nonlinearity (see keras_blocks).
+    ends = keras_blocks.block_ends(layers, nodes, crossing)
     starts = [0] + ends[:-1]
     if not 1 <= num_modules <= len(ends):
       raise ValueError(
           f"num_modules must be between 1 and {len(ends)}, the number of "
-          f"blocks between single-tensor cuts of model {model.name!r}. "
+          f"blocks of model {model.name!r} (cut where one tensor crosses, "
+          f"each with a nonlinearity; split= can force other cuts). "
           f"Received: num_modules={num_modules!r}")
     if balance == "time":
       pieces = [_segment_config(config, layers, a, b, _input_of(graph, nodes,
