@@ -137,6 +137,8 @@ def _stop_gradients_to_identities(saved_model_dir):
 def read_marker(export_dir):
   """The marker of an export: {"owner": ..., ...}, or None if absent/bad."""
   path = paths.join(os.fspath(export_dir), MARKER)
+  if paths.special_kind(path) is not None:
+    return None  # a FIFO would block the read: no marker of ours
   try:
     with tf.io.gfile.GFile(path, "rb") as f:
       marker = json.loads(f.read().decode("utf-8"))

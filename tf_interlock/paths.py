@@ -7,6 +7,7 @@ works on both kinds of path.
 
 import os
 import posixpath
+import stat
 
 import tensorflow as tf
 
@@ -75,6 +76,36 @@ def file_above(path):
     if up == current or up.endswith("://"):
       return None
     current = up
+
+
+def special_kind(path):
+  """What `path` is when it is neither a regular file nor missing, or None.
+
+  Opening a FIFO blocks until someone writes to it, and a device or socket
+  is no file of ours: readers call this first, so that a run directory
+  with such an entry gets a one-line error instead of a hang. URLs (object
+  stores) hold only regular objects.
+
+  Args:
+    path: local path or URL.
+
+  Returns:
+    "a FIFO", "a socket", "a character device", "a block device",
+    "a directory", or None.
+  """
+  if is_url(path):
+    return None
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    return None  # missing or unreadable: the reader reports it
+  for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                     (stat.S_ISCHR, "a character device"),
+                     (stat.S_ISBLK, "a block device"),
+                     (stat.S_ISDIR, "a directory")):
+    if test(mode):
+      return kind
+  return None
 
 
 def copy_tree(src, dst, last=None):

@@ -131,7 +131,17 @@ class RunDir:
                        f"would overwrite or delete it; nothing was changed: "
                        f"pick a folder outside it. {self._received}")
 
+  def _check_regular(self, path):
+    """Raises unless `path` is a regular file (or missing): a FIFO would
+    block the read forever."""
+    kind = paths.special_kind(path)
+    if kind is not None:
+      raise ValueError(f"{path} is {kind}, not a regular file; nothing was "
+                       f"changed: replace it with the run's file or move it "
+                       f"away. {self._received}")
+
   def _read_json(self, path):
+    self._check_regular(path)
     try:
       with tf.io.gfile.GFile(path, "rb") as f:
         value = json.loads(f.read().decode("utf-8"))
@@ -245,6 +255,8 @@ class RunDir:
     path = self.file(CHECKPOINTS, POINTER)
     if not tf.io.gfile.exists(path):
       return "is missing", None
+    if paths.special_kind(path) is not None:
+      return f"is {paths.special_kind(path)}, not a regular file", None
     try:
       with tf.io.gfile.GFile(path, "rb") as f:
         state = text_format.Parse(f.read().decode("utf-8"),

@@ -13,6 +13,7 @@ refused, naming the holder, unless told to break the lock.
 
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -27,18 +28,41 @@ STALE_AFTER_S = 3600.0
 
 
 def _alive(pid):
+  """Whether process `pid` of this host may exist: False for a number no
+  process can have (a lock file may hold anything), True for a pid that is
+  not a number at all (unknown: only --break_lock takes such a lock)."""
+  if isinstance(pid, bool) or not isinstance(pid, int):
+    return True
+  if pid <= 0:  # os.kill would probe a process group instead
+    return False
   try:
     os.kill(pid, 0)
-  except ProcessLookupError:
+  except (ProcessLookupError, OverflowError):
     return False
   except PermissionError:  # exists, owned by someone else
     return True
   return True
 
 
-def _when(seconds):
-  return datetime.datetime.fromtimestamp(
-      seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _seconds(value):
+  """A lock's time field as a finite float, or None if it is not one."""
+  if isinstance(value, bool):
+    return None
+  try:
+    seconds = float(value)
+  except (TypeError, ValueError, OverflowError):
+    return None
+  return seconds if math.isfinite(seconds) else None
+
+
+def _when(value):
+  """A lock's time field for messages, whatever the file holds."""
+  seconds = _seconds(value)
+  try:
+    return datetime.datetime.fromtimestamp(
+        seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+  except (TypeError, ValueError, OverflowError, OSError):
+    return f"an unreadable time ({str(value)[:40]!r})"
 
 
 class RunLock:
@@ -66,6 +90,8 @@ class RunLock:
     """The holder's info, None without a lock, {} for an unreadable one."""
     if not tf.io.gfile.exists(self.path):
       return None
+    if paths.special_kind(self.path) is not None:
+      return {}  # a FIFO would block the read: unreadable
     try:
       with tf.io.gfile.GFile(self.path, "rb") as f:
         holder = json.loads(f.read().decode("utf-8"))
@@ -92,10 +118,13 @@ class RunLock:
       return None
     if holder.get("host") == self.info["host"]:
       pid = holder.get("pid")
-      if isinstance(pid, int) and pid != os.getpid() and not _alive(pid):
-        return f"its process {pid} on this host is gone"
+      if pid != os.getpid() and not _alive(pid):
+        return f"its process {str(pid)[:40]} on this host is gone"
       return None
-    age = time.time() - float(holder.get("updated", 0))
+    updated = _seconds(holder.get("updated", 0))
+    if updated is None:
+      return None  # no readable heartbeat: only --break_lock takes it
+    age = time.time() - updated
     if age > self.stale_after_s:
       return f"no heartbeat for {age:.0f} s"
     return None
@@ -109,12 +138,13 @@ class RunLock:
     """
     holder = self._read()
     if holder is not None:
-      reason = self._stale_reason(holder) or (
-          "the lock was broken on request" if break_lock else None)
+      reason = ("the lock was broken on request" if break_lock else
+                self._stale_reason(holder))
       if reason is None:
         raise ValueError(self._refusal(holder))
       print(f"warning: taking over {self.path} held by pid "
-            f"{holder.get('pid')} on {holder.get('host')}: {reason}",
+            f"{str(holder.get('pid'))[:40]} on "
+            f"{str(holder.get('host'))[:80]}: {reason}",
             file=self.out or sys.stderr, flush=True)
     try:
       self._write(overwrite=holder is not None)
@@ -134,7 +164,7 @@ class RunLock:
               f"lock={self.path!r}")
     return (f"the run directory is in use by pid {holder.get('pid')} on "
             f"host {holder.get('host')} since "
-            f"{_when(float(holder.get('started', 0)))} (lock {self.path}); "
+            f"{_when(holder.get('started', 0))} (lock {self.path}); "
             f"wait for it, or if that run is dead pass "
             f"{self.break_flag}=true. Received: lock={self.path!r}")
 

@@ -8,6 +8,7 @@ reads flags.
 import dataclasses
 import json
 import sys
+import typing
 
 import tensorflow as tf
 
@@ -19,18 +20,64 @@ from train import setup_lib
 from train import train_lib
 
 
+def _type_problem(kind, value):
+  """Why `value` cannot be a `Config` field declared `kind`, or None. JSON
+  gives lists for tuples and ints for whole floats."""
+  optional = False
+  if typing.get_origin(kind) is typing.Union:  # Optional[X]
+    optional = type(None) in typing.get_args(kind)
+    kind = [t for t in typing.get_args(kind) if t is not type(None)][0]
+  if value is None:
+    return None if optional else "must not be null"
+  if typing.get_origin(kind) is tuple:
+    item = typing.get_args(kind)[0]
+    if not isinstance(value, list) or any(_type_problem(item, v)
+                                          for v in value):
+      return f"must be a list of {item.__name__}s"
+    return None
+  if kind is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  elif kind is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  else:
+    ok = isinstance(value, kind)
+  article = "an" if kind is int else "a"
+  return None if ok else f"must be {article} {kind.__name__}"
+
+
 def config_from_dict(fields, source):
-  """A `Config` from a run's recorded fields; `source` names their file."""
+  """A `Config` from a run's recorded fields; `source` names their file.
+
+  The record is checked as strictly as flags are: every field must have its
+  declared type, and the values pass `config.validate` (the data folders
+  aside: evaluate may point them elsewhere, and the run checks them then).
+
+  Raises:
+    ValueError: one line naming `source`, the field and its value.
+  """
   fields = dict(fields)
-  for name in ("split", "lr_decay_fractions"):
-    if fields.get(name) is not None:
-      fields[name] = tuple(fields[name])
-  known = {f.name for f in dataclasses.fields(config_lib.Config)}
-  unknown = sorted(set(fields) - known)
+  fields.pop("history", None)  # earlier starts' changes (train_lib)
+  known = {f.name: f for f in dataclasses.fields(config_lib.Config)}
+  unknown = sorted(set(fields) - set(known))
   if unknown:
     raise ValueError(f"{source} has fields this version does not know: "
                      f"{unknown}. Received: config={source!r}")
-  return config_lib.Config(**fields)
+  for name, value in fields.items():
+    problem = _type_problem(known[name].type, value)
+    if problem:
+      raise ValueError(f"{source} has {name}={value!r}, which {problem}; "
+                       f"nothing was changed: repair or move it. Received: "
+                       f"config={source!r}")
+  for name in ("split", "lr_decay_fractions"):
+    if fields.get(name) is not None:
+      fields[name] = tuple(fields[name])
+  config = config_lib.Config(**fields)
+  try:
+    config_lib.validate(dataclasses.replace(config, data_dir=None,
+                                            source_dir=None))
+  except ValueError as e:
+    raise ValueError(f"{source} holds an invalid value: {e}") from None
+  return config
 
 
 def config_from_run(run):

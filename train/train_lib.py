@@ -13,6 +13,7 @@ the previous checkpoint as the latest); rerunning the same command resumes.
 
 import json
 import sys
+import time
 
 import keras
 import tensorflow as tf
@@ -21,11 +22,13 @@ from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from tf_interlock import losses
 from tf_interlock import metric_names
+from tf_interlock import paths
 from tf_interlock import placement as placement_lib
 from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
+from train import config as config_lib
 from train import multi_worker
 from train import setup_lib
 from train.controller import Controller
@@ -119,8 +122,42 @@ def check_run(config, run):
   if latest is not None:
     run.check_same(current, RESUME_FIELDS,
                    "the checkpointed input position counts such batches")
+    # The seed drew the initial weights and the shuffle order, both already
+    # in the checkpoint: a new one could not take effect.
+    run.check_same(current, ("seed",), "its weights and data order were "
+                   "drawn with that seed and are restored from checkpoints")
+    step = checkpoint_step(latest)
+    if config.train_steps is not None and config.train_steps < step:
+      config_lib.fail("train_steps", config.train_steps,
+                      f"the run in {run.path} is already at step {step} "
+                      f"({latest}); give at least {step} or use a new "
+                      "model_dir")
   export_dir = run.check_export_dir(config.export_dir)
   return latest, export_dir
+
+
+def checkpoint_step(prefix):
+  """N of a checkpoint prefix ".../ckpt-N" (the step it was saved at)."""
+  return int(paths.basename(prefix).rsplit("-", 1)[1])
+
+
+def record_config(run, config, step):
+  """Writes config.json: this start's configuration, plus the history.
+
+  config.json always says what the run trains with now. Each start that
+  changes a recorded field appends {"step", "time", "changed": {field:
+  [before, after]}} to its "history", so the record of what ran at which
+  step stays true across resumes.
+  """
+  saved = run.read_config() or {}
+  history = list(saved.pop("history", None) or [])
+  current = json.loads(config.to_json())
+  changed = {name: [saved[name], value] for name, value in current.items()
+             if name in saved and saved[name] != value}
+  if changed:
+    history.append({"step": step, "time": time.time(), "changed": changed})
+  run.write_config(json.dumps(dict(current, history=history), indent=2,
+                              sort_keys=True))
 
 
 def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
@@ -156,7 +193,7 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
           flush=True)
   manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir,
                                        max_to_keep=config.keep_checkpoints)
-  run.write_config(config.to_json())
+  record_config(run, config, int(global_step))
   run_id = run.run_id(create=True)
 
   def rollback(path):
