@@ -1,10 +1,10 @@
 """pyproject.toml: `pip install .` ships every package of the tree.
 
-A real `pip install` needs setuptools' build dependencies (and `wheel`),
-which an offline test machine may lack, so this test checks what decides
-the install's contents instead: the configuration parses with the
-setuptools of this environment, and its package list is exactly the
-package folders (with an __init__.py) of the library and the binaries.
+This test checks what decides the install's contents: the configuration
+parses with the setuptools of this environment, and its package list is
+exactly the package folders (with an __init__.py) of the library and the
+binaries. tests/test_readme.py runs a real, offline `pip install --target`
+and the README's examples against it.
 """
 
 import os

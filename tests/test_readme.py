@@ -1,17 +1,27 @@
-"""The README's Python examples run as written, from outside the checkout."""
+"""The README's Python examples run as written, from an installed copy.
+
+The library is installed with `pip install --target` from a copy of the
+project (so the checkout stays untouched), and each example runs in a
+directory outside the checkout with only that install on its path: what a
+user gets from `pip install .`.
+"""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
+import pytest
+
 # The examples import these; importing them here also makes them the test's
 # Bazel deps.
-from layers import interlock_module  # noqa: F401  pylint: disable=unused-import
-from tests.binaries import ROOT
-from tf_interlock import keras_model  # noqa: F401  pylint: disable=unused-import
-from tf_interlock import keras_split  # noqa: F401  pylint: disable=unused-import
-from tf_interlock import trainer  # noqa: F401  pylint: disable=unused-import
+import tf_interlock  # noqa: F401  pylint: disable=unused-import
+
+# realpath: under `bazel test` this file is a runfiles symlink into the
+# checkout, which holds every package pip installs.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+SOURCES = ("pyproject.toml", "README.md", "tf_interlock", "layers", "train")
 
 
 def _blocks():
@@ -19,34 +29,78 @@ def _blocks():
     return re.findall(r"```python\n(.*?)```", f.read(), re.S)
 
 
-def _run(code, cwd):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+  """A `pip install --target` of the project: the folder to put on the path.
+
+  Offline: no index and no build isolation (setuptools from this venv), no
+  dependencies (TensorFlow and Keras come from the running interpreter).
+  """
+  top = tmp_path_factory.mktemp("install")
+  source, target = top / "source", top / "site"
+  source.mkdir()
+  for name in SOURCES:
+    path = os.path.join(ROOT, name)
+    if os.path.isdir(path):
+      shutil.copytree(path, source / name,
+                      ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+      shutil.copy(path, source / name)
+  proc = subprocess.run(
+      [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+       "--no-index", "--no-build-isolation", "--target", str(target),
+       str(source)], cwd=top, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return target
+
+
+def _run(code, cwd, site):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(site))
   proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr
+  assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout
+
+
+def test_installed_copy_is_the_one_imported(installed, tmp_path):
+  out = _run("import tf_interlock as ti, layers, train\n"
+             "print(ti.__file__); print(layers.__file__)\n"
+             "print(ti.InterlockModel, ti.from_keras, ti.InterlockModule,"
+             " ti.InterlockTrainer, ti.placement.make_placement)\n",
+             tmp_path, installed)
+  lines = out.splitlines()
+  assert all(line.startswith(str(installed)) for line in lines[:2]), lines
 
 
 def test_readme_has_the_trainer_and_the_keras_examples():
   blocks = _blocks()
   assert len(blocks) == 2
-  assert "InterlockTrainer(" in blocks[0]
-  assert "from_keras(" in blocks[1] and ".fit(" in blocks[1]
+  for block in blocks:
+    # The public front door: no submodule imports in the examples.
+    assert "import tf_interlock as ti" in block
+    assert not re.search(r"from (tf_interlock|layers)\.", block)
+  assert "ti.InterlockTrainer(" in blocks[0]
+  assert "ti.from_keras(" in blocks[1] and ".fit(" in blocks[1]
+  assert "summary()" in blocks[1] and "LearningRateScheduler" in blocks[1]
 
 
-def test_readme_trainer_example_runs(tmp_path):
+def test_readme_trainer_example_runs(installed, tmp_path):
   code = _blocks()[0].replace('"/tmp/ckpt"', repr(str(tmp_path / "ckpt")))
-  loss, accuracy = map(float, _run(code, tmp_path).split())
+  loss, accuracy = map(float, _run(code, tmp_path, installed).split())
   assert 0 < loss < 5 and 0 <= accuracy <= 1
   assert any(name.startswith("ckpt") for name in os.listdir(tmp_path))
 
 
-def test_readme_keras_example_runs(tmp_path):
+def test_readme_keras_example_runs(installed, tmp_path):
   out = tmp_path / "cnn"
   code = _blocks()[1].replace('"/tmp/cnn/', '"' + str(out) + "/")
-  lines = _run(code, tmp_path).splitlines()
+  lines = _run(code, tmp_path, installed).splitlines()
+  # summary(): one row per module.
+  rows = [line for line in lines if re.match(r"[123] +\S+ \.\. ", line)]
+  assert len(rows) == 3, lines
   keys = [line for line in lines if line.startswith("['")]
   assert keys and "'module_1/loss'" in keys[0] and "'val_loss'" in keys[0]
+  assert "'learning_rate'" in keys[0]
   assert lines[-1] == "(4, 10)"
   assert (out / "best.keras").exists()
   assert (out / "export" / "saved_model.pb").exists()
