@@ -1,10 +1,12 @@
 """train.compare end to end on generated data: two strategies, two seeds,
-the outputs, reruns that reuse the finished runs, and bad flags."""
+the outputs, reruns that reuse the finished runs or restart a killed one,
+and bad flags. (What compare refuses: tests/test_compare_ownership.py.)"""
 
 import dataclasses
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -120,6 +122,26 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
   assert _mtimes(out_dir) == before
   with open(os.path.join(out_dir, "report.md")) as f:
     assert "## Reading\n\nLocal is worse, as in the paper.\n" in f.read()
+
+  # A run of this study killed midway (no result; its train's lock and
+  # files left behind) restarts from scratch; the others are reused.
+  run_dir = os.path.join(out_dir, "local", "seed_4")
+  os.remove(os.path.join(run_dir, "result.json"))
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  with open(os.path.join(run_dir, "lock.json"), "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": int(dead.stdout),
+               "started": 0.0, "updated": 0.0, "token": "killed"}, f)
+  with open(os.path.join(run_dir, "left_by_the_killed_run.txt"), "w") as f:
+    f.write("partial")
+  restart = run_binary("train.compare", *common, "--noplots")
+  assert restart.stdout.count("finished earlier, not rerun") == 3
+  assert "local seed 4: restarting the unfinished run" in restart.stdout
+  assert f"held by pid {int(dead.stdout)}" in restart.stderr
+  assert not os.path.exists(
+      os.path.join(run_dir, "left_by_the_killed_run.txt"))
+  assert not os.path.exists(os.path.join(run_dir, "lock.json"))
+  _check_results(out_dir)
 
 
 def test_flags_compare_sets_or_cannot_space_evenly():

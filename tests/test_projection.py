@@ -5,7 +5,7 @@ Every expected number below is worked out by hand in the comments."""
 import pytest
 
 from tf_interlock import projection
-from train import study_lib
+from train import study_clock
 from train import study_report
 
 # Two seeds evaluated at steps 10 and 20: (step, seconds, accuracy).
@@ -68,7 +68,7 @@ def test_account_time_by_hand():
   # 5 steps.
   loops = [(10, 100.0, 0.5), (20, 102.5, 0.2), (30, 106.0, 0.3),
            (35, 107.5, 0.2)]
-  timing = study_lib.account_time(loops, {20: 103.5, 35: 109.0})
+  timing = study_clock.account_time(loops, {20: 103.5, 35: 109.0})
   # Median step 0.2 s; the first loop counts 10 * 0.2 = 2 s, its other 3 s
   # are tracing. Clock: 2, 2 + 2, 4 + 3, 7 + 1.
   assert timing["median_step_s"] == pytest.approx(0.2)
@@ -82,9 +82,9 @@ def test_account_time_by_hand():
   # From the first loop's start (100 - 5) to the last eval event (109).
   assert timing["wall_s"] == pytest.approx(14.0)
   with pytest.raises(ValueError, match=">= 2 training loops"):
-    study_lib.account_time(loops[:1], {})
+    study_clock.account_time(loops[:1], {})
   with pytest.raises(ValueError, match="step 25 follows no training loop"):
-    study_lib.account_time(loops, {25: 104.0})
+    study_clock.account_time(loops, {25: 104.0})
 
 
 def _row(seconds, values, step_s):

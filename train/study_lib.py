@@ -1,16 +1,9 @@
-"""The runs of a multi-seed study (`train.compare`) and their time accounting.
+"""The runs of a multi-seed study (`train.compare`).
 
 Each (strategy, seed) trains for the same number of steps in its own
 `python -m train.train` process into out_dir/<strategy>/seed_<seed>, and is
-evaluated on the whole evaluation split at `eval_points` evenly spaced steps.
-From its TensorBoard event files this module reads three clocks:
-
-* the training clock: the time spent inside the training loops, where the
-  first loop (which also traces and compiles the step function) counts as
-  many steps at the median step time; what it took beyond that is compile_s;
-* eval_s: per evaluation, from the end of the loop it follows (the train
-  event of that step) to its own eval event;
-* wall_s: from the start of the first loop to the last evaluation.
+evaluated on the whole evaluation split at `eval_points` evenly spaced steps;
+`train.study_clock` reads its clocks from the run's event files.
 
 Then the per-module op costs (`train.module_costs`, own process) and the
 schedule model give each strategy's predicted step time: with as many cores
@@ -24,23 +17,20 @@ op costs complete and made with the same settings, no run in use.
 import collections
 import concurrent.futures
 import dataclasses
-import glob
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 from typing import Optional
 
-from tensorboard.backend.event_processing import event_file_loader
 import tensorflow as tf
 
 from tf_interlock import projection
-from tf_interlock import run_dir
 from tf_interlock import schedule
 from tf_interlock import strategy as strategy_lib
 from train import config as config_lib
+from train import study_clock
 from train import study_owner
 from train import study_store
 
@@ -164,111 +154,22 @@ def launch(module, args, log_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", module, *args], cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    for line in proc.stdout:
-      log.write(line)
-      tail.append(line)
-    proc.wait()
+    try:
+      for line in proc.stdout:
+        log.write(line)
+        tail.append(line)
+      proc.wait()
+    finally:
+      if proc.poll() is None:  # compare stopped (Ctrl-C, SIGTERM, error)
+        # Not left running unseen: on SIGTERM train.train releases its
+        # lock and exits (compare restarts the run from scratch anyway).
+        proc.terminate()
+        proc.wait()
   if proc.returncode:
     last = next((line.strip() for line in reversed(tail) if line.strip()),
                 "")
     raise RunError(f"{module} exited with {proc.returncode}: {last} (log: "
                    f"{log_path})\n{''.join(tail)}")
-
-
-def read_scalars(event_dir):
-  """{tag: [(step, wall_time, value)]} from a run's event files, by step."""
-  found = collections.defaultdict(list)
-  for path in tf.io.gfile.glob(os.path.join(glob.escape(event_dir),
-                                            "events.out.tfevents.*")):
-    for event in event_file_loader.EventFileLoader(path).Load():
-      for value in event.summary.value:
-        found[value.tag].append(
-            (event.step, event.wall_time, float(tf.make_ndarray(
-                value.tensor))))
-  return {tag: sorted(points) for tag, points in found.items()}
-
-
-def account_time(loops, eval_walls):
-  """Splits a run's time into training, compile and evaluation.
-
-  Args:
-    loops: per training loop in step order, (step at its end, wall time of
-      its train event, step_time_s = loop seconds / loop steps).
-    eval_walls: {step: wall time of that step's eval event}.
-
-  Returns:
-    {"median_step_s", "compile_s", "training_s", "eval_s", "wall_s",
-     "eval_s_each": {step: s}, "clock": {step: training seconds}}.
-
-  Raises:
-    ValueError: fewer than two loops (tracing cannot be told apart), or an
-      evaluation at a step where no loop ended.
-  """
-  if len(loops) < 2:
-    raise ValueError(f"a run needs >= 2 training loops to separate tracing "
-                     f"from step time; raise --train_steps. Received: "
-                     f"{len(loops)} loop(s)")
-  sizes = [step - previous for (step, _, _), previous in
-           zip(loops, [0] + [step for step, _, _ in loops])]
-  median = statistics.median(t for _, _, t in loops[1:])
-  first_s = loops[0][2] * sizes[0]
-  compile_s = max(0.0, first_s - median * sizes[0])
-  clock, total = {}, first_s - compile_s
-  clock[loops[0][0]] = total
-  for (step, _, step_s), size in zip(loops[1:], sizes[1:]):
-    total += step_s * size
-    clock[step] = total
-  loop_walls = {step: wall for step, wall, _ in loops}
-  each = {}
-  for step, wall in sorted(eval_walls.items()):
-    if step not in loop_walls:
-      raise ValueError(f"evaluation at step {step} follows no training loop. "
-                       f"Received: loop ends {sorted(loop_walls)}")
-    each[step] = wall - loop_walls[step]
-  origin = loops[0][1] - first_s
-  end = max([loops[-1][1]] + list(eval_walls.values()))
-  return {"median_step_s": median, "compile_s": compile_s,
-          "training_s": total, "eval_s": sum(each.values()),
-          "wall_s": end - origin, "eval_s_each": each, "clock": clock}
-
-
-def summarize_run(model_dir, metric):
-  """Step times, clocks, final evaluation and curve of a finished run."""
-  run = run_dir.RunDir(model_dir)
-  train = read_scalars(run.train_log_dir)
-  evals = read_scalars(run.eval_log_dir)
-  for scalars, events, tag in ((train, run.train_log_dir, "step_time_s"),
-                               (evals, run.eval_log_dir, f"final/{metric}")):
-    if tag not in scalars:
-      raise RunError(f"{events} holds no {tag!r} events: the run did not "
-                     f"train here as compare asked. Received: "
-                     f"model_dir={model_dir!r}")
-  curve_points = evals[f"final/{metric}"]
-  timing = account_time(train["step_time_s"],
-                        {step: wall for step, wall, _ in curve_points})
-  if "eval_time_s" in evals:  # timed by train.train itself, when it does
-    timing["eval_s_each"] = {step: v for step, _, v in evals["eval_time_s"]}
-    timing["eval_s"] = sum(timing["eval_s_each"].values())
-  final_step = curve_points[-1][0]
-  heads = collections.defaultdict(dict)
-  for tag, points in evals.items():
-    head, _, name = tag.partition("/")
-    if name:
-      heads[head].update({name: v for step, _, v in points
-                          if step == final_step})
-  clock = timing.pop("clock")
-  each = timing.pop("eval_s_each")
-  return {
-      "steps": final_step, **timing,
-      "eval": dict(sorted(heads.items(), key=lambda kv: _head_order(kv[0]))),
-      "curve": [{"step": step, "seconds": clock[step], "value": value,
-                 "eval_s": each[step]} for step, _, value in curve_points],
-  }
-
-
-def _head_order(head):
-  """exit_1, exit_2, ..., final."""
-  return (head == "final", int(head.split("_")[1]) if "_" in head else 0)
 
 
 def _run_dir(study, strategy, seed):
@@ -345,7 +246,7 @@ def run_one(study, strategy, seed, break_lock=False):
       train_steps=study.train_steps, eval_every_steps=study.eval_every_steps,
       checkpoint_every_steps=NEVER),
          os.path.join(study.out_dir, "logs", f"{strategy}_seed_{seed}.log"))
-  result = summarize_run(model_dir, study.metric)
+  result = study_clock.summarize_run(model_dir, study.metric)
   result.update(settings=settings, strategy=strategy, seed=seed)
   study_store.write_json(result_path, result)
   return result
