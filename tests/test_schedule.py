@@ -171,3 +171,22 @@ def test_invalid_input(costs, kwargs, received):
   with pytest.raises(ValueError) as error:
     schedule.simulate(costs, "e2e", **kwargs)
   assert str(error.value).endswith(f"Received: {received}")
+
+
+def test_best_pipeline_is_the_fastest_microbatch_count():
+  costs = [COST] * 4
+  times = {m: schedule.simulate(costs, "e2e", num_microbatches=m).step_time
+           for m in (2, 4, 8)}
+  m, step = schedule.best_pipeline(costs, (2, 4, 8))
+  assert step == min(times.values()) and times[m] == step
+  # Microbatches fill the pipeline: the peer beats plain e2e, and is bounded
+  # by the busiest device's work per step (module 2: f + a + bx + bw + u
+  # = 6.75).
+  plain = schedule.simulate(costs, "e2e").step_time
+  assert 6.75 <= step < plain
+  # Ties go to the smaller M: with one module there is nothing to overlap
+  # (only the update stays whole), so every M gives f + bw + u.
+  assert schedule.best_pipeline([ModuleCost(1.0, 2.0, 3.0)], (4, 2)) == (
+      2, pytest.approx(4.0))
+  with pytest.raises(ValueError, match="Received: microbatches=()"):
+    schedule.best_pipeline(costs, ())

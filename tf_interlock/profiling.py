@@ -7,6 +7,7 @@ and backward a_k, and optimizer update u_k. Each is timed here in its own
 is subtracted. Times are medians over `repeats` calls, in seconds.
 """
 
+import dataclasses
 import time
 
 import numpy as np
@@ -111,3 +112,35 @@ def measure_module_costs(trainer, features, labels, repeats=10):
     costs.append(schedule.ModuleCost(forward=f, input_vjp=bx, weight_vjp=bw,
                                      aux=a, update=u))
   return costs
+
+
+def repeated_module_costs(trainer, features, labels, repetitions=3,
+                          repeats=10):
+  """`measure_module_costs` `repetitions` times: the median, min and max of
+  every op's cost over the repetitions.
+
+  Each repetition times every op of every module again (after the previous
+  repetition's ops ran), so the range shows how much a cost moves while the
+  machine runs: the spread a prediction made from the median inherits.
+
+  Returns:
+    (median, low, high): three lists of K `schedule.ModuleCost`.
+
+  Raises:
+    ValueError: for repetitions < 1.
+  """
+  if isinstance(repetitions, bool) or not isinstance(
+      repetitions, int) or repetitions < 1:
+    raise ValueError(f"repetitions must be an int >= 1. "
+                     f"Received: repetitions={repetitions!r}")
+  runs = [measure_module_costs(trainer, features, labels, repeats)
+          for _ in range(repetitions)]
+  fields = [f.name for f in dataclasses.fields(schedule.ModuleCost)]
+
+  def combine(reduce):
+    return [schedule.ModuleCost(*(float(reduce([getattr(run[k], name)
+                                                for run in runs]))
+                                  for name in fields))
+            for k in range(len(runs[0]))]
+
+  return combine(np.median), combine(min), combine(max)

@@ -380,3 +380,34 @@ def predict_speedups(costs, strategies, **kwargs):
     result[strategy_lib.parse_strategy(spec).name] = (
         step_time, baseline / step_time if step_time else 1.0)
   return result
+
+
+# The model-parallel user's alternative to interlocking: the GPipe-style e2e
+# pipeline over K devices, with the number of microbatches that suits it.
+PIPELINE_MICROBATCHES = (2, 4, 8, 16)
+
+
+def best_pipeline(costs, microbatches=PIPELINE_MICROBATCHES, **kwargs):
+  """The fastest microbatched e2e pipeline: the peer of every strategy.
+
+  With M microbatches, e2e's forward and backward waves overlap across
+  devices, so its bubble shrinks to (K - 1)/(M + K - 1) of the step
+  (GPipe); each op then costs 1/M of its full-batch cost here, which
+  ignores that small batches run less efficiently (measured per cell by
+  `train.model_validation`).
+
+  Args:
+    costs: one `ModuleCost` per module.
+    microbatches: the M to try (each >= 2).
+    **kwargs: passed on to `simulate` (not num_microbatches).
+
+  Returns:
+    (M, step_time) of the fastest; ties go to the smaller M.
+  """
+  if not microbatches:
+    raise ValueError(f"best_pipeline needs at least one M. "
+                     f"Received: microbatches={microbatches!r}")
+  times = {m: simulate(costs, "e2e", num_microbatches=m, **kwargs).step_time
+           for m in microbatches}
+  best = min(times, key=lambda m: (times[m], m))
+  return best, times[best]

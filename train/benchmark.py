@@ -24,8 +24,6 @@ other chosen plan (with e2e on it). --threads_per_device and
 """
 
 import json
-import os
-import subprocess
 import sys
 
 from train import runtime_env  # noqa: F401  (before TensorFlow)
@@ -95,7 +93,6 @@ _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the JSON report to this file (gfile path).")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def validate():
@@ -159,17 +156,7 @@ def _flag_args(**override):
 
 def run_child(**override):
   """Runs train.benchmark in a child process; its JSON report."""
-  args = [sys.executable, "-m", "train.benchmark", "--json",
-          *_flag_args(**override)]
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep +
-             os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True,
-                        text=True, check=False)
-  if proc.returncode:
-    lines = proc.stderr.strip().splitlines() or ["(no output)"]
-    raise RuntimeError(f"benchmark child {' '.join(args[3:])} failed "
-                       f"(rc {proc.returncode}): {lines[-1]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return benchmark_lib.run_child(["--json", *_flag_args(**override)])
 
 
 def baseline_report():

@@ -6,6 +6,11 @@ its own with TF's default threading, as a user would run it.
 """
 
 import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
 import time
 
 import keras
@@ -13,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from layers import resnet
+from layers import transformer
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock import profiling
@@ -20,20 +26,51 @@ from tf_interlock import schedule
 from tf_interlock.trainer import InterlockTrainer
 
 NUM_CLASSES = 10
+# "e2e-m4": a strategy trained with 4 microbatches per step (GPipe-style).
+_MICROBATCHED = re.compile(r"^(.+)-m([0-9]+)$")
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """The benchmark network, its batch and how long to time it."""
+  """The benchmark network, its batch and how long to time it.
+
+  model "lm" is the fortunes Transformer LM's shape (`train/presets/
+  fortunes_lm.py`) with layers_per_module blocks per module, on random ids.
+  """
   model: str = "mlp"
   preset: str = "resnet20"
   num_modules: int = 4
   width: int = 1024
   layers_per_module: int = 1
   image_size: int = 32
+  channels: int = 3
+  resnet_aux_head: str = "authors"
+  vocab_size: int = 2000
+  seq_len: int = 64
+  d_model: int = 128
+  num_heads: int = 4
+  mlp_dim: int = 512
   batch_size: int = 512
   steps: int = 5
   steps_per_loop: int = 16
+
+
+def parse_cell(name):
+  """A benchmark strategy name: (strategy, microbatches).
+
+  "2wise" -> ("2wise", 1); "e2e-m4" -> ("e2e", 4): e2e pipelined over 4
+  microbatches per step.
+  """
+  match = _MICROBATCHED.match(name)
+  if match is None:
+    return name, 1
+  return match.group(1), int(match.group(2))
+
+
+def is_pipeline(name):
+  """Whether `name` is the microbatched e2e pipeline (e2e-mM, M >= 2)."""
+  strategy, m = parse_cell(name)
+  return strategy == "e2e" and m >= 2
 
 
 def build_modules(spec, aux_heads=True):
@@ -41,8 +78,16 @@ def build_modules(spec, aux_heads=True):
   if spec.model == "resnet":
     return resnet.resnet_modules(
         spec.preset, NUM_CLASSES, spec.num_modules,
-        input_shape=(spec.image_size, spec.image_size, 3),
-        aux_head="authors" if aux_heads else None, synchronized_bn=False)
+        input_shape=(spec.image_size, spec.image_size, spec.channels),
+        aux_head=spec.resnet_aux_head if aux_heads else None,
+        synchronized_bn=False)
+  if spec.model == "lm":
+    modules = transformer.transformer_lm_modules(
+        spec.vocab_size, spec.seq_len, spec.num_modules *
+        spec.layers_per_module, spec.d_model, spec.num_heads, spec.mlp_dim,
+        spec.num_modules, split=[spec.layers_per_module] * spec.num_modules)
+    return modules if aux_heads else [
+        InterlockModule(m.body, name=m.name) for m in modules]
   modules = []
   for k in range(spec.num_modules):
     body = [keras.layers.Dense(spec.width, activation="relu")
@@ -58,23 +103,38 @@ def build_modules(spec, aux_heads=True):
 def make_batch(spec):
   """One fixed batch (features, labels) of the benchmark's shape."""
   rng = np.random.default_rng(0)
-  shape = ((spec.image_size, spec.image_size, 3) if spec.model == "resnet"
-           else (spec.width,))
+  if spec.model == "lm":
+    ids = rng.integers(0, spec.vocab_size,
+                       size=(spec.batch_size, spec.seq_len + 1))
+    return ids[:, :-1].astype("int32"), ids[:, 1:].astype("int32")
+  shape = ((spec.image_size, spec.image_size, spec.channels)
+           if spec.model == "resnet" else (spec.width,))
   x = rng.normal(size=(spec.batch_size,) + shape).astype("float32")
   y = rng.integers(0, NUM_CLASSES, size=(spec.batch_size,)).astype("int32")
   return x, y
 
 
-def time_calls(fn, calls):
-  """Median seconds of `fn()` over `calls` calls, after two warm-ups."""
-  fn()
-  fn()
+WARMUP_CALLS = 2
+
+
+def time_call_stats(fn, calls):
+  """Seconds of `fn()` over `calls` calls after WARMUP_CALLS warm-ups:
+  {"median", "min", "max"}. Every timed row of the benchmark (the plain
+  Keras baseline included) goes through here: same warm-ups, same median."""
+  for _ in range(WARMUP_CALLS):
+    fn()
   times = []
   for _ in range(calls):
     start = time.perf_counter()
     fn()
     times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  return {"median": float(np.median(times)), "min": float(min(times)),
+          "max": float(max(times))}
+
+
+def time_calls(fn, calls):
+  """Median seconds of `fn()` over `calls` calls (`time_call_stats`)."""
+  return time_call_stats(fn, calls)["median"]
 
 
 def simulated_placement(plan):
@@ -84,51 +144,64 @@ def simulated_placement(plan):
       module_devices=plan.module_devices)
 
 
-def run_strategy(spec, strategy, placement, aux_heads=True):
-  """Builds and times one strategy: (trainer, median step seconds)."""
-  modules = build_modules(spec, aux_heads)
+def build_trainer(spec, name, placement, aux_heads=True):
+  """The built `InterlockTrainer` of strategy cell `name` (`parse_cell`)."""
+  strategy, microbatches = parse_cell(name)
   trainer = InterlockTrainer(
-      modules, lambda i: keras.optimizers.SGD(0.01, momentum=0.9), strategy,
-      placement=placement, steps_per_loop=spec.steps_per_loop)
-  x, y = make_batch(spec)
-  trainer.build(x)
-  dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+      build_modules(spec, aux_heads),
+      lambda i: keras.optimizers.SGD(0.01, momentum=0.9), strategy,
+      placement=placement, steps_per_loop=spec.steps_per_loop,
+      num_microbatches=microbatches)
+  trainer.build(make_batch(spec)[0])
+  return trainer
+
+
+def run_strategy(spec, name, placement, aux_heads=True, stats=None):
+  """Builds and times one strategy cell: (trainer, median step seconds).
+
+  `stats`, a dict, receives the per-step median, min and max."""
+  trainer = build_trainer(spec, name, placement, aux_heads)
+  dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   iterator = iter(trainer.distribute_dataset(dataset))
-  seconds = time_calls(lambda: trainer.train_loop(iterator), spec.steps)
-  return trainer, seconds / spec.steps_per_loop
+  timed = time_call_stats(lambda: trainer.train_loop(iterator), spec.steps)
+  per_step = {k: v / spec.steps_per_loop for k, v in timed.items()}
+  if stats is not None:
+    stats.update(per_step)
+  return trainer, per_step["median"]
 
 
 def run_plain_keras(spec):
-  """The same layers as one keras.Sequential, one optimizer, `fit`: what a
-  user writes without tf_interlock. Median seconds per step."""
+  """The same layers as one keras.Sequential, one optimizer: what a user
+  writes without tf_interlock. Median seconds per step.
+
+  Timed exactly as the strategies (`run_strategy`): Keras's own compiled
+  train function (what `fit` calls, steps_per_execution = steps_per_loop
+  steps a call) on an iterator, WARMUP_CALLS warm-ups, median of `steps`
+  calls."""
   modules = build_modules(spec, aux_heads=False)
   model = keras.Sequential([m.body for m in modules])
   model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
                 steps_per_execution=spec.steps_per_loop)
-  x, y = make_batch(spec)
-  dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-  # One fit call runs `steps` loops of steps_per_loop steps: the per-call
-  # set-up of fit is paid once, as in a real run, not once per timed loop.
-  per_call = spec.steps * spec.steps_per_loop
-  model.fit(dataset, steps_per_epoch=spec.steps_per_loop, epochs=1,
-            verbose=0)  # Trace and warm up.
-  times = []
-  for _ in range(3):
-    start = time.perf_counter()
-    model.fit(dataset, steps_per_epoch=per_call, epochs=1, verbose=0)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times)) / per_call
+  dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
+  # One short fit builds the model, optimizer and metrics (as
+  # trainer.build does for the strategies) and makes the train function.
+  model.fit(dataset, steps_per_epoch=spec.steps_per_loop, verbose=0)
+  iterator = iter(dataset)
+  seconds = time_calls(lambda: model.train_function(iterator), spec.steps)
+  return seconds / spec.steps_per_loop
 
 
-def run_fit(spec, strategy, placement):
+def run_fit(spec, name, placement):
   """`InterlockModel.fit` on the same modules and batch as `run_strategy`:
   median seconds per step over 3 calls of `steps` x `steps_per_loop` steps
   (one warm-up call traces it)."""
   from tf_interlock import keras_model  # pylint: disable=g-import-not-at-top
+  strategy, microbatches = parse_cell(name)
   model = keras_model.InterlockModel(build_modules(spec), strategy,
-                                     placement=placement)
+                                     placement=placement,
+                                     num_microbatches=microbatches)
   model.compile(optimizer=lambda k: keras.optimizers.SGD(0.01, momentum=0.9),
                 steps_per_execution=spec.steps_per_loop)
   x, y = make_batch(spec)
@@ -143,38 +216,52 @@ def run_fit(spec, strategy, placement):
   return float(np.median(times)) / per_call
 
 
+def predict(costs, name, num_cores, threads=1, module_devices=None):
+  """The schedule model's step seconds for strategy cell `name`, from op
+  costs measured under `threads` intra-op threads: an op holds `threads`
+  cores, with no further speedup (efficiency 0), as its cost already has
+  it."""
+  strategy, microbatches = parse_cell(name)
+  return schedule.simulate(
+      costs, strategy, num_microbatches=microbatches, num_cores=num_cores,
+      threads_per_device=threads, module_devices=module_devices,
+      thread_efficiency=0.0).step_time
+
+
 def measure_strategies(spec, strategies, placement, num_cores, threads=1,
-                       module_devices=None, fit=False):
+                       module_devices=None, fit=False, costs=True):
   """Times each strategy and asks the schedule model for its step time.
 
   With `fit`, each strategy is also timed through `InterlockModel.fit`
   (fit_step_s, fit_over_train_loop).
 
-  The op costs are measured once (on the first strategy's trainer) under
-  this process's threads: an op then holds `threads` cores in the model,
-  with no further speedup (efficiency 0), as its cost already has it.
+  With `costs`, the op costs are measured once in this process, after the
+  first strategy was timed (on its trainer, under this process's threads),
+  and feed `predict`; without, no prediction is made here.
 
   Returns:
-    (rows, costs): rows maps a strategy to measured_step_s,
-    predicted_step_s and examples_per_s; costs are the measured
-    `schedule.ModuleCost`s.
+    (rows, costs): rows maps a strategy to measured_step_s (and its min and
+    max over the timed calls), predicted_step_s (None without `costs`) and
+    examples_per_s; costs are the measured `schedule.ModuleCost`s or None.
   """
   x, y = make_batch(spec)
-  rows, costs = {}, None
+  rows, measured_costs = {}, None
   for name in strategies:
-    trainer, step = run_strategy(spec, name, placement)
-    if costs is None:
-      costs = profiling.measure_module_costs(trainer, x, y)
-    predicted = schedule.simulate(
-        costs, name, num_cores=num_cores, threads_per_device=threads,
-        module_devices=module_devices, thread_efficiency=0.0).step_time
-    rows[name] = {"measured_step_s": step, "predicted_step_s": predicted,
+    stats = {}
+    trainer, step = run_strategy(spec, name, placement, stats=stats)
+    if costs and measured_costs is None:
+      measured_costs = profiling.measure_module_costs(trainer, x, y)
+    predicted = None if measured_costs is None else predict(
+        measured_costs, name, num_cores, threads, module_devices)
+    rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
+                  "measured_max_s": stats["max"],
+                  "predicted_step_s": predicted,
                   "examples_per_s": spec.batch_size / step}
     if fit:
       fit_step = run_fit(spec, name, placement)
       rows[name].update(fit_step_s=fit_step,
                         fit_over_train_loop=fit_step / step)
-  return rows, costs
+  return rows, measured_costs
 
 
 def costs_ms(costs):
@@ -188,8 +275,34 @@ def costs_from_ms(rows):
   return [schedule.ModuleCost(*(v / 1e3 for v in row)) for row in rows]
 
 
+def pipeline_peer(rows):
+  """The best microbatched e2e pipeline among `rows` (the e2e-mM cells):
+  (name, measured step s, predicted step s), each the smallest over M, or
+  None when no such cell ran."""
+  cells = {n: r for n, r in rows.items() if is_pipeline(n)}
+  if not cells:
+    return None
+  best = min(cells, key=lambda n: cells[n]["measured_step_s"])
+  return (best, cells[best]["measured_step_s"],
+          min(r["predicted_step_s"] for r in cells.values()))
+
+
+def add_peer(rows):
+  """Each row's speedup over the best microbatched e2e pipeline among
+  `rows` (`pipeline_peer`), measured and modelled; nothing without one."""
+  peer = pipeline_peer(rows)
+  if peer is None:
+    return
+  for row in rows.values():
+    row["pipeline_peer"] = peer[0]
+    row["measured_speedup_vs_pipeline"] = peer[1] / row["measured_step_s"]
+    row["predicted_speedup_vs_pipeline"] = peer[2] / row["predicted_step_s"]
+
+
 def add_speedups(rows, e2e_row, plain_step_s):
-  """Speedups against e2e on the same plan and against plain Keras."""
+  """Speedups against e2e on the same plan, against the best microbatched
+  e2e pipeline there (`add_peer`) and against plain Keras."""
+  add_peer(rows)
   for row in rows.values():
     if e2e_row is not None:
       row["measured_speedup"] = (e2e_row["measured_step_s"] /
@@ -200,6 +313,27 @@ def add_speedups(rows, e2e_row, plain_step_s):
       row["speedup_vs_plain_keras"] = plain_step_s / row["measured_step_s"]
     row["model_over_measured"] = (row["predicted_step_s"] /
                                   row["measured_step_s"])
+
+
+def run_child(args):
+  """Runs `python -m train.benchmark *args` in a child process (its own
+  thread pools) from the repository root; its JSON report (the last line
+  of its output).
+
+  Raises:
+    RuntimeError: with the child's last line of stderr when it failed.
+  """
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  args = [sys.executable, "-m", "train.benchmark", *args]
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep +
+             os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
+                        text=True, check=False)
+  if proc.returncode:
+    lines = proc.stderr.strip().splitlines() or ["(no output)"]
+    raise RuntimeError(f"train.benchmark {' '.join(args[3:])} failed "
+                       f"(rc {proc.returncode}): {lines[-1]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def threading_state():
@@ -220,7 +354,9 @@ def _row_line(name, plan, row):
           f"{1e3 * row['predicted_step_s']:8.1f} "
           f"{row['model_over_measured']:10.2f} "
           f"{ratio('speedup_vs_plain_keras'):>8s} "
-          f"{ratio('measured_speedup'):>7s} {ratio('predicted_speedup'):>7s}")
+          f"{ratio('measured_speedup'):>7s} {ratio('predicted_speedup'):>7s} "
+          f"{ratio('measured_speedup_vs_pipeline'):>7s} "
+          f"{ratio('predicted_speedup_vs_pipeline'):>7s}")
 
 
 def format_table(report):
@@ -235,8 +371,9 @@ def format_table(report):
         f"({report['e2e_overhead_vs_keras']:.2f}x)")
   header = (f"{'strategy':9s} {'plan':36s} {'step ms':>8s} {'fit ms':>7s} "
             f"{'model ms':>8s} {'model/meas':>10s} {'vs Keras':>8s} "
-            f"{'vs e2e':>7s} {'model':>7s}")
-  lines += ["", "Each strategy on its chosen plan (vs e2e: e2e on that plan):",
+            f"{'vs e2e':>7s} {'model':>7s} {'vs pipe':>7s} {'model':>7s}")
+  lines += ["", "Each strategy on its chosen plan (vs e2e: e2e on that plan; "
+            "vs pipe: the best microbatched e2e, e2e-mM, on its own plan):",
             header]
   for name, row in report["strategies"].items():
     lines.append(_row_line(name, row.get("plan", report["placement"]), row))

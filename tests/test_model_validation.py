@@ -1,0 +1,122 @@
+"""train.model_validation: flag checks, predictions from a profile, the
+report from hand-built results, and the benchmark's strategy cells."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tf_interlock import schedule
+from train import benchmark_lib
+from train import validation_report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*flags):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  return subprocess.Popen(
+      [sys.executable, "-m", "train.model_validation", *flags], cwd=ROOT,
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  (kept / "predictions.json").write_text("ours")
+  cases = [
+      (["--networks=mlp,cnn"], "networks", "Received: networks='mlp,cnn'"),
+      (["--plans=3x1"], "plans", "Received: plans='3x1'"),
+      (["--strategies=e2e,e2e-m0"], "strategies",
+       "Received: strategies='e2e,e2e-m0'"),
+      (["--steps=0"], "steps", "Received: steps=0"),
+      ([f"--out_dir={kept}"], "out_dir", f"Received: out_dir='{kept}'"),
+  ]
+  runs = []
+  for i, (flags, name, received) in enumerate(cases):
+    out = [] if flags[0].startswith("--out_dir") else [
+        f"--out_dir={tmp_path / str(i)}"]
+    runs.append((flags, name, received, _run(*out, *flags)))
+  for flags, name, received, proc in runs:
+    out, err = proc.communicate(timeout=300)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, (flags, err)
+    assert lines[0].startswith(f"error: --{name}="), lines[0]
+    assert lines[0].endswith(received), lines[0]
+  # Nothing was written or replaced.
+  assert sorted(os.listdir(tmp_path)) == ["kept"]
+  assert (kept / "predictions.json").read_text() == "ours"
+
+
+def test_parse_cell_and_pipeline_peer():
+  assert benchmark_lib.parse_cell("2wise") == ("2wise", 1)
+  assert benchmark_lib.parse_cell("2wise-sum") == ("2wise-sum", 1)
+  assert benchmark_lib.parse_cell("e2e-m4") == ("e2e", 4)
+  assert benchmark_lib.is_pipeline("e2e-m2")
+  assert not benchmark_lib.is_pipeline("e2e")
+  assert not benchmark_lib.is_pipeline("local-m2")
+  rows = {"e2e": {"measured_step_s": 4.0, "predicted_step_s": 4.0},
+          "e2e-m2": {"measured_step_s": 3.0, "predicted_step_s": 2.5},
+          "e2e-m4": {"measured_step_s": 2.0, "predicted_step_s": 3.5},
+          "local": {"measured_step_s": 1.0, "predicted_step_s": 1.0}}
+  assert benchmark_lib.pipeline_peer(rows) == ("e2e-m4", 2.0, 2.5)
+  benchmark_lib.add_peer(rows)
+  assert rows["local"]["measured_speedup_vs_pipeline"] == 2.0
+  assert rows["local"]["predicted_speedup_vs_pipeline"] == 2.5
+  assert rows["e2e"]["pipeline_peer"] == "e2e-m4"
+  no_peer = {"e2e": {"measured_step_s": 1.0, "predicted_step_s": 1.0}}
+  benchmark_lib.add_peer(no_peer)
+  assert "measured_speedup_vs_pipeline" not in no_peer["e2e"]
+
+
+def test_predict_uses_the_microbatches_of_the_cell():
+  costs = [schedule.ModuleCost(1.0, 1.0, 1.0)] * 4
+  e2e = benchmark_lib.predict(costs, "e2e", num_cores=4)
+  m4 = benchmark_lib.predict(costs, "e2e-m4", num_cores=4)
+  m8 = benchmark_lib.predict(costs, "e2e-m8", num_cores=4)
+  # K = 4 unit modules, e2e: the chain F1..F4, then the input VJPs of
+  # modules 4, 3, 2 and the weight VJP of module 1 (each other weight VJP
+  # overlaps the next input VJP on another device): 4 + 3 + 1 = 8.
+  assert e2e == pytest.approx(8.0)
+  # Microbatches fill the pipeline: faster, and towards the busiest
+  # device's load of 3 (F + BX + BW) as M grows.
+  assert 3.0 < m8 < m4 < e2e
+
+
+def _results():
+  costs = [[2.0, 1.0, 1.0, 0.5, 0.1]] * 2
+  predictions = {
+      "started": "t0", "repetitions": 3, "groups": {"mlp/2x1": {
+          "plan": "2 devices x 1 thread", "module_costs_ms": costs,
+          "module_costs_min_ms": costs, "module_costs_max_ms": costs,
+          "cells": {s: {"predicted_step_s": p, "predicted_min_s": p * 0.9,
+                        "predicted_max_s": p * 1.1}
+                    for s, p in (("e2e", 0.010), ("local", 0.005))}}}}
+  measured = {
+      "command": "python -m train.model_validation", "host": "h",
+      "machine": "x86_64", "num_cores": 2, "onednn": "1", "started": "t1",
+      "steps": 5, "steps_per_loop": 8, "cells": {
+          "mlp/2x1/e2e": {"measured_step_s": 0.0105, "measured_min_s": 0.01,
+                          "measured_max_s": 0.011},
+          "mlp/2x1/local": {"measured_step_s": 0.004, "measured_min_s": 0.004,
+                            "measured_max_s": 0.005}}}
+  return predictions, measured
+
+
+def test_report_flags_the_cells_off_by_more_than_ten_percent():
+  predictions, measured = _results()
+  rows = validation_report.rows(predictions, measured)
+  assert [round(r["ratio"], 3) for r in rows] == [0.952, 1.25]
+  text = validation_report.render(predictions, measured)
+  assert "**1 of 2 cells within 10%.** Worst: mlp 2x1 local" in text
+  assert "| e2e | 10.0 [9.0-11.0] | 10.5 [10.0-11.0] | 0.95 |" in text
+  assert "| local | 5.0 [4.5-5.5] | 4.0 [4.0-5.0] | 1.25 **off** |" in text
+  assert "- mlp 2x1 local: 1.25" in text
+
+
+def test_report_refuses_a_cell_without_prediction():
+  predictions, measured = _results()
+  measured["cells"]["mlp/2x1/2wise"] = measured["cells"]["mlp/2x1/e2e"]
+  with pytest.raises(ValueError, match="Received: cell='mlp/2x1/2wise'"):
+    validation_report.rows(predictions, measured)

@@ -1,0 +1,198 @@
+r"""Validates the schedule model out of sample: predict first, then time.
+
+  python -m train.model_validation --out_dir=docs/results/model_validation
+
+For every network and threading plan of the grid, in this order:
+
+1. Profile: `train.benchmark --role=profile` measures each module's op
+   costs in a process of its own (no strategy is timed there), as the
+   median of --repetitions full measurements, with their range.
+2. Predict: the schedule model turns those costs into each strategy's step
+   time on the plan (and, from the cheapest and dearest costs, a range).
+   Every prediction of the grid is written to predictions.json before any
+   timed run starts.
+3. Time: each cell (network, plan, strategy) runs in its own process
+   (`train.benchmark --role=worker --costs=false`), median of --steps calls
+   of --steps_per_loop steps after 2 warm-ups; measured.json grows cell by
+   cell, so an interrupted grid keeps what it measured.
+4. Report: report.md, model / measured per cell, the cells off by more
+   than 10% and the worst cell.
+
+A plan is K modules on D simulated devices of t intra-op threads on this
+host's cores (`tf_interlock.threading_plan`): "2x1" is K = 2 on 2 devices x
+1 thread (one core per module on a 2-core host), "4x1", "4x2" K = 4 on 4
+devices of 1 or 2 threads, "4on2" K = 4 on 2 devices x 1 thread with 2
+modules each. Every network has the same 4 layers (blocks) at K = 2 and 4.
+"""
+
+# First: quiets TF's logging before TensorFlow loads (see runtime_env).
+from train import runtime_env  # pylint: disable=unused-import
+
+import json
+import os
+import platform
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from tf_interlock import threading_plan
+from train import benchmark_lib
+from train import config as config_lib
+from train import error_boundary
+from train import validation_report
+
+# name -> (K, devices, intra-op threads per device).
+PLANS = {"2x1": (2, 2, 1), "4x1": (4, 4, 1), "4x2": (4, 4, 2),
+         "4on2": (4, 2, 1)}
+# name -> train.benchmark flags; layers_per_module is 4 // K.
+NETWORKS = {
+    "mlp": ["--model=mlp", "--width=1024", "--batch_size=512"],
+    # The fashion_mnist_resnet preset's network and batch on random images.
+    "resnet": ["--model=resnet", "--preset=resnet20", "--image_size=28",
+               "--channels=1", "--resnet_aux_head=pool", "--batch_size=128"],
+    # The fortunes_lm preset's shape and batch on random token ids.
+    "lm": ["--model=lm", "--batch_size=32"],
+}
+STRATEGIES = ("e2e", "e2e-m2", "e2e-m4", "e2e-m8", "local", "2wise", "3wise")
+LAYERS = 4
+
+_OUT_DIR = flags.DEFINE_string("out_dir", None, "Folder of the results.")
+_NETWORKS = flags.DEFINE_list("networks", list(NETWORKS),
+                              f"Networks: any of {list(NETWORKS)}.")
+_STRATEGIES = flags.DEFINE_list(
+    "strategies", list(STRATEGIES),
+    "Strategy cells (train.benchmark names; e2e-mM: M microbatches).")
+_PLANS = flags.DEFINE_list("plans", list(PLANS),
+                           f"Threading plans: any of {list(PLANS)}.")
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per cell.")
+_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 8,
+                                       "Steps per timed call.")
+_REPETITIONS = flags.DEFINE_integer(
+    "repetitions", 3, "Full op-cost measurements per network and plan.")
+_CORES = flags.DEFINE_integer(
+    "num_cores", None, "Cores of the host (default: those this process may "
+    "use).")
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Replace this tool's files in --out_dir "
+    "(predictions.json, measured.json, report.md).")
+
+FILES = ("predictions.json", "measured.json", "report.md")
+
+
+def validate():
+  """One-line errors for bad flags, before anything is written."""
+  if not _OUT_DIR.value:
+    config_lib.fail("out_dir", _OUT_DIR.value, "must name a folder")
+  for flag, allowed in ((_NETWORKS, NETWORKS), (_PLANS, PLANS)):
+    if not flag.value or any(v not in allowed for v in flag.value):
+      config_lib.fail(flag.name, ",".join(flag.value),
+                      f"must list some of {', '.join(allowed)}")
+  if not _STRATEGIES.value:
+    config_lib.fail("strategies", "", "must name at least one strategy")
+  for name in _STRATEGIES.value:
+    strategy, microbatches = benchmark_lib.parse_cell(name)
+    if strategy not in ("e2e", "local", "2wise", "3wise") or not (
+        1 <= microbatches <= 32):
+      config_lib.fail("strategies", ",".join(_STRATEGIES.value),
+                      f"{name!r} is not e2e, local, 2wise or 3wise, with an "
+                      f"optional -mM, 1 <= M <= 32")
+  for flag in (_STEPS, _STEPS_PER_LOOP, _REPETITIONS):
+    config_lib.check_number(flag.name, flag.value, minimum=1, integer=True)
+  config_lib.check_number("num_cores", _CORES.value, minimum=1, integer=True,
+                          allow_none=True)
+  present = [f for f in FILES if os.path.exists(
+      os.path.join(_OUT_DIR.value, f))]
+  if present and not _OVERWRITE.value:
+    config_lib.fail("out_dir", _OUT_DIR.value,
+                    f"already holds {', '.join(present)}; choose another "
+                    f"folder or pass --overwrite")
+
+
+def _benchmark(network, plan, role, extra=()):
+  """Runs train.benchmark in a child process; its JSON report."""
+  k, devices, threads = PLANS[plan]
+  args = [f"--role={role}",
+          "--placement=simulated", f"--num_modules={k}",
+          f"--layers_per_module={LAYERS // k}",
+          f"--threads_per_device={threads}",
+          f"--modules_per_device={k // devices}", f"--num_cores={_cores()}",
+          f"--steps={_STEPS.value}", f"--steps_per_loop={_STEPS_PER_LOOP.value}",
+          *NETWORKS[network], *extra]
+  return benchmark_lib.run_child(args)
+
+
+def _cores():
+  return _CORES.value or threading_plan.host_cores()
+
+
+def predict_cells(profile, plan, strategies):
+  """{strategy: {predicted_step_s, predicted_min_s, predicted_max_s}} from a
+  profile report (costs in ms: median, min and max over repetitions)."""
+  k, devices, threads = PLANS[plan]
+  module_devices = threading_plan.make_plan(k, devices, threads).module_devices
+  cells = {}
+  for name in strategies:
+    values = [benchmark_lib.predict(
+        benchmark_lib.costs_from_ms(profile[key]), name, _cores(), threads,
+        module_devices) for key in ("module_costs_ms", "module_costs_min_ms",
+                                    "module_costs_max_ms")]
+    cells[name] = {"predicted_step_s": values[0],
+                   "predicted_min_s": values[1],
+                   "predicted_max_s": values[2]}
+  return cells
+
+
+def _write(name, payload):
+  path = os.path.join(_OUT_DIR.value, name)
+  with open(path + ".tmp", "w") as f:
+    f.write(payload)
+  os.replace(path + ".tmp", path)
+
+
+def _header():
+  return {"command": " ".join(["python -m train.model_validation"] +
+                              sys.argv[1:]),
+          "host": platform.node(), "machine": platform.machine(),
+          "num_cores": _cores(), "onednn": runtime_env.onednn_state(),
+          "steps": _STEPS.value, "steps_per_loop": _STEPS_PER_LOOP.value,
+          "repetitions": _REPETITIONS.value,
+          "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+@error_boundary.guard()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  validate()
+  os.makedirs(_OUT_DIR.value, exist_ok=True)
+  strategies = list(dict.fromkeys(_STRATEGIES.value))
+  groups = [(n, p) for n in _NETWORKS.value for p in _PLANS.value]
+  predictions = dict(_header(), groups={})
+  for network, plan in groups:
+    print(f"profiling {network} on {plan}", file=sys.stderr, flush=True)
+    profile = _benchmark(network, plan, "profile",
+                         [f"--repetitions={_REPETITIONS.value}"])
+    predictions["groups"][f"{network}/{plan}"] = dict(
+        profile, cells=predict_cells(profile, plan, strategies))
+  # Every prediction is on disk before the first timed run.
+  _write("predictions.json", json.dumps(predictions, indent=1) + "\n")
+  measured = dict(_header(), cells={})
+  for network, plan in groups:
+    for name in strategies:
+      print(f"timing {network} {plan} {name}", file=sys.stderr, flush=True)
+      run = _benchmark(network, plan, "worker",
+                       [f"--strategies={name}", "--costs=false",
+                        "--fit=false"])
+      row = run["strategies"][name]
+      measured["cells"][f"{network}/{plan}/{name}"] = {
+          key: row[key] for key in ("measured_step_s", "measured_min_s",
+                                    "measured_max_s")}
+      _write("measured.json", json.dumps(measured, indent=1) + "\n")
+  _write("report.md", validation_report.render(predictions, measured))
+  print(os.path.join(_OUT_DIR.value, "report.md"))
+
+
+if __name__ == "__main__":
+  app.run(main)

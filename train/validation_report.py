@@ -1,0 +1,98 @@
+"""report.md of `train.model_validation`, from its two JSON files.
+
+Pure Python: predictions.json (op costs per network and plan, and the step
+time the schedule model predicted from them for every cell, written before
+any timing) and measured.json (each cell's measured step time) become one
+table per network and plan, model / measured per cell, and the list of
+cells off by more than `TOLERANCE`.
+"""
+
+TOLERANCE = 0.10
+_OPS = ("forward", "input VJP", "weight VJP", "aux", "update")
+
+
+def rows(predictions, measured):
+  """One dict per measured cell: network, plan, strategy, the predicted
+  and measured step seconds with their ranges, and model / measured.
+
+  A cell without a prediction is an error in the grid, not a row.
+
+  Raises:
+    ValueError: naming the cell that has no prediction.
+  """
+  out = []
+  for cell, row in measured["cells"].items():
+    network, plan, strategy = cell.split("/")
+    group = predictions["groups"].get(f"{network}/{plan}", {})
+    predicted = group.get("cells", {}).get(strategy)
+    if predicted is None:
+      raise ValueError(f"measured cell {cell!r} has no prediction in "
+                       f"predictions.json. Received: cell={cell!r}")
+    out.append(dict(network=network, plan=plan, strategy=strategy,
+                    ratio=predicted["predicted_step_s"] /
+                    row["measured_step_s"], **predicted, **row))
+  return out
+
+
+def _ms(seconds):
+  return f"{1e3 * seconds:.1f}"
+
+
+def _cost_lines(group):
+  """Per module the median op costs [min-max] over the repetitions."""
+  lines = ["| module | " + " | ".join(_OPS) + " |",
+           "|---" * (len(_OPS) + 1) + "|"]
+  for k, (mid, low, high) in enumerate(zip(
+      group["module_costs_ms"], group["module_costs_min_ms"],
+      group["module_costs_max_ms"]), start=1):
+    lines.append(f"| {k} | " + " | ".join(
+        f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for m, lo, hi in zip(mid, low, high))
+                 + " |")
+  return lines
+
+
+def render(predictions, measured):
+  """The markdown report."""
+  table = rows(predictions, measured)
+  off = [r for r in table if abs(r["ratio"] - 1.0) > TOLERANCE]
+  lines = [
+      "# Schedule model, validated out of sample", "",
+      f"Command: `{measured['command']}`  ",
+      f"Host: {measured['host']} ({measured['machine']}, "
+      f"{measured['num_cores']} cores, oneDNN {measured['onednn']}); "
+      f"profiled from {predictions['started']}, timed from "
+      f"{measured['started']}.", "",
+      "Op costs were measured in a separate process per network and plan "
+      f"(median of {predictions['repetitions']} repetitions; ranges in "
+      "brackets), and every prediction was written to predictions.json "
+      "before the first timed run. Each cell was timed in its own process: "
+      f"median of {measured['steps']} calls of {measured['steps_per_loop']} "
+      "steps after 2 warm-ups. The model's range comes from the cheapest "
+      "and the dearest op costs.", ""]
+  if table:
+    worst = max(table, key=lambda r: abs(r["ratio"] - 1.0))
+    lines += [
+        f"**{len(table) - len(off)} of {len(table)} cells within "
+        f"{TOLERANCE:.0%}.** Worst: {worst['network']} {worst['plan']} "
+        f"{worst['strategy']}, model / measured {worst['ratio']:.2f}.", ""]
+  for key, group in predictions["groups"].items():
+    cells = [r for r in table if f"{r['network']}/{r['plan']}" == key]
+    if not cells:
+      continue
+    lines += [f"## {key} ({group['plan']})", "",
+              "| strategy | model ms [range] | measured ms [min-max] | "
+              "model / measured |", "|---|---|---|---|"]
+    for r in cells:
+      flag = "" if abs(r["ratio"] - 1.0) <= TOLERANCE else " **off**"
+      lines.append(
+          f"| {r['strategy']} | {_ms(r['predicted_step_s'])} "
+          f"[{_ms(r['predicted_min_s'])}-{_ms(r['predicted_max_s'])}] | "
+          f"{_ms(r['measured_step_s'])} [{_ms(r['measured_min_s'])}-"
+          f"{_ms(r['measured_max_s'])}] | {r['ratio']:.2f}{flag} |")
+    lines += ["", "Op costs, ms per full batch:", ""] + _cost_lines(group)
+    lines.append("")
+  if off:
+    lines += ["## Cells off by more than 10%", ""] + [
+        f"- {r['network']} {r['plan']} {r['strategy']}: {r['ratio']:.2f}"
+        for r in off] + [""]
+  return "\n".join(lines)
