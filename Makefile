@@ -4,7 +4,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo benchmark onednn-effect device-check data bazel-test clean
+.PHONY: setup test test-cluster demo benchmark cluster-benchmark onednn-effect device-check data bazel-test clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,12 @@ $(STAMP): requirements.txt
 	touch $(STAMP)
 
 test: setup
-	$(PYTHON) -m pytest -q --durations=10
+	$(PYTHON) -m pytest -q --durations=10 -m "not cluster"
+
+# placement=cluster with real worker processes on 127.0.0.1 (slow: each
+# test starts its own train.worker processes and stops them).
+test-cluster: setup
+	$(PYTHON) -m pytest -q --durations=10 -m cluster
 
 # The offline default data set: Debian's dataset-fashion-mnist (IDX files).
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
@@ -47,6 +52,11 @@ benchmark: setup
 	  > $(BENCH_OUT).txt.new
 	mv $(BENCH_OUT).txt.new $(BENCH_OUT).txt
 	cat $(BENCH_OUT).txt
+
+# K = 2 modules on two train.worker processes of one core each vs one
+# simulated process (train/cluster_benchmark.py; starts and stops the workers).
+cluster-benchmark: setup
+	$(PYTHON) -m train.cluster_benchmark --out_dir=docs/results/cluster
 
 # oneDNN off vs on per preset (op costs in separate processes, and each
 # strategy's step time through the schedule model).

@@ -6,6 +6,7 @@ test_cluster_faults.py and test_cluster_readme.py (marker `cluster`).
 
 import dataclasses
 import json
+import socket
 
 import keras
 import pytest
@@ -98,6 +99,27 @@ def test_a_dead_worker_is_named():
     assert "\n" not in line
   other = tf.errors.InvalidArgumentError(None, None, "shapes differ")
   assert cluster_lib.describe_failure(other, spec) is None
+
+
+def test_a_dead_worker_unnamed_by_tf_is_found_by_its_port():
+  """"Connection reset by peer" names no worker: the one whose port
+  refuses connections is named; task 0 still listens."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    dead_port = s.getsockname()[1]
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(1)
+  try:
+    addresses = [f"127.0.0.1:{listening.getsockname()[1]}",
+                 f"127.0.0.1:{dead_port}"]
+    spec = cluster_lib.cluster_spec(",".join(addresses))
+    reset = tf.errors.UnavailableError(
+        None, None, "recvmsg:Connection reset by peer")
+    line = cluster_lib.describe_failure(reset, spec)
+    assert line.startswith(f"worker task 1 ({addresses[1]}) failed"), line
+  finally:
+    listening.close()
 
 
 def test_missing_workers_are_named_after_a_bounded_wait():

@@ -208,32 +208,36 @@ def describe_failure(error, spec):
   """One line naming the worker an error of TF's runtime came from.
 
   TF reports a dead worker as "remote target has been disconnected",
-  "failed to connect to all addresses" or "Socket closed", with the
-  task (`/job:worker/replica:0/task:1`) or its address somewhere in a
-  long message.
+  "failed to connect to all addresses" or "Connection reset by peer",
+  sometimes with the task (`/job:worker/replica:0/task:1`) or its address
+  in a long message, sometimes with neither: then every worker's port is
+  tried once, and the ones that refuse are named.
 
   Args:
     error: a `tf.errors.OpError`.
     spec: the cluster's ClusterSpec.
 
   Returns:
-    The line, or None when the error names no worker of `spec`.
+    The line, or None when the error is not a lost worker of `spec`.
   """
   text = str(error)
   addresses = spec.job_tasks(JOB)
-  task = None
+  tasks = []
   match = _TASK_IN_ERROR.search(text)
   if match and int(match.group(1)) < len(addresses):
-    task = int(match.group(1))
+    tasks = [int(match.group(1))]
   else:
     for host, port in _PORT_IN_ERROR.findall(text):
-      for t, address in enumerate(addresses):
-        if address.rsplit(":", 1)[1] == port and (
-            host in address or address.startswith(("localhost", "["))):
-          task = t
-  if task is None:
+      tasks += [t for t, address in enumerate(addresses)
+                if address.rsplit(":", 1)[1] == port and (
+                    host in address or address.startswith(("localhost", "[")))]
+  if not tasks and isinstance(error, (tf.errors.UnavailableError,
+                                      tf.errors.AbortedError)):
+    tasks = [t for t, address in enumerate(addresses)
+             if not _reachable(address, 2.0)]
+  if not tasks:
     return None
-  return (f"worker task {task} ({addresses[task]}) failed or became "
-          f"unreachable ({type(error).__name__}); the last checkpoint is "
-          f"intact: restart the worker (python -m train.worker "
-          f"--task={task}) and rerun to resume")
+  names = ", ".join(f"task {t} ({addresses[t]})" for t in sorted(set(tasks)))
+  return (f"worker {names} failed or became unreachable "
+          f"({type(error).__name__}); the last checkpoint is intact: restart "
+          f"it (python -m train.worker --task=N) and rerun to resume")
