@@ -123,3 +123,36 @@ def test_add_projection_by_hand():
   assert measured["time_to_target_s"] == pytest.approx(5 / 3)
   assert projected["metric_at_budget"]["mean"] == pytest.approx(0.9)
   assert projected["time_to_target_s"] == pytest.approx(5 / 6)
+
+
+def test_add_projection_states_the_pipeline_peer():
+  summary = {"metric": "accuracy", "higher_is_better": True,
+             "num_modules": 4, "cores_here": 2, "strategies": {
+                 "e2e": _row([2.0, 4.0], [0.5, 0.8], 0.2),
+                 "2wise": _row([1.0, 2.0], [0.6, 0.9], 0.1)}}
+  predicted = {"e2e": {2: 0.2, 4: 0.2}, "2wise": {2: 0.1, 4: 0.05}}
+  pipeline = {2: {"microbatches": 2, "step_s": 0.15},
+              4: {"microbatches": 8, "step_s": 0.1}}
+  study_report.add_projection(summary, predicted, cores_here=2,
+                              pipeline=pipeline)
+  pair = summary["strategies"]["2wise"]
+  assert pair["speedup_vs_pipeline"] == pytest.approx(
+      {"model_here": 1.5, "predicted": 2.0})
+  assert summary["strategies"]["e2e"]["speedup_vs_pipeline"][
+      "predicted"] == pytest.approx(0.5)
+  assert summary["pipeline_peer"]["one_core_per_module"]["microbatches"] == 8
+  text = "\n".join(study_report._peer_lines(summary))
+  assert "M = 8, 100.0 ms with one core per module" in text
+  assert "| 2wise | 1.50x | 2.00x |" in text
+
+
+def test_per_module_work_shows_the_imbalance():
+  cost = {"forward": 0.001, "input_vjp": 0.001, "weight_vjp": 0.001,
+          "aux": 0.0005, "update": 0.0005}
+  heavy = {k: 3 * v for k, v in cost.items()}
+  summary = {"module_costs": {"costs": [cost, heavy, cost, cost]}}
+  text = "\n".join(study_report._work_lines(summary))
+  assert "| 1 | 1.0 | 1.0 | 1.0 | 0.5 | 0.5 | 4.0 |" in text
+  assert "| 2 | 3.0 | 3.0 | 3.0 | 1.5 | 1.5 | 12.0 |" in text
+  # 12 against a mean of (4 * 3 + 12) / 4 = 6.
+  assert "Slowest module / mean module: 2.00." in text

@@ -293,6 +293,18 @@ def predict_step_times(costs, strategies, cores):
           for s in strategies}
 
 
+def predict_pipeline(costs, cores):
+  """{cores: {"microbatches": M, "step_s": s}}: the best microbatched e2e
+  pipeline (`schedule.best_pipeline`), the model-parallel peer."""
+  modules = [schedule.ModuleCost(**c) for c in costs["costs"]]
+  out = {}
+  for n in cores:
+    m, step = schedule.best_pipeline(modules, num_cores=n,
+                                     has_aux=costs["has_aux"])
+    out[n] = {"microbatches": m, "step_s": step}
+  return out
+
+
 def aggregate_runs(runs):
   """Seeds of one strategy: bands of the clocks, curve and final metrics."""
   heads = {head: sorted(m) for head, m in runs[0]["eval"].items()}

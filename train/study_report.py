@@ -94,7 +94,8 @@ def _points(row):
       p["mean"], p["min"], p["max"])) for p in row["curve"]]
 
 
-def add_projection(summary, predicted, cores_here, target=None):
+def add_projection(summary, predicted, cores_here, target=None,
+                   pipeline=None):
   """Adds predicted step times, speedups, budgets, target and outcomes.
 
   Args:
@@ -103,12 +104,24 @@ def add_projection(summary, predicted, cores_here, target=None):
     predicted: {strategy: {cores: step seconds}} (`predict_step_times`).
     cores_here: the core count of the "model here" column.
     target: the metric to reach; None: e2e's mean final metric.
+    pipeline: {cores: {"microbatches", "step_s"}} of the best microbatched
+      e2e pipeline (`study_lib.predict_pipeline`), the peer of each
+      strategy's modelled step time; None: no peer column.
   """
   rows, k = summary["strategies"], summary["num_modules"]
   metric, higher = summary["metric"], summary["higher_is_better"]
   for name, row in rows.items():
     row["predicted_step_s"] = {"here": predicted[name][cores_here],
                                "one_core_per_module": predicted[name][k]}
+    if pipeline is not None:
+      row["speedup_vs_pipeline"] = {
+          "model_here": pipeline[cores_here]["step_s"] /
+                        row["predicted_step_s"]["here"],
+          "predicted": pipeline[k]["step_s"] /
+                       row["predicted_step_s"]["one_core_per_module"]}
+  if pipeline is not None:
+    summary["pipeline_peer"] = {"here": pipeline[cores_here],
+                                "one_core_per_module": pipeline[k]}
   base = rows.get("e2e")
   for row in rows.values():
     row["speedup_vs_e2e"] = None if base is None else {
@@ -159,6 +172,47 @@ def _band_text(band, digits=4):
 
 def _seconds_text(value):
   return "not reached" if value is None else f"{value:.3g}"
+
+
+def _peer_lines(summary):
+  """The modelled speedup of each strategy over the best microbatched e2e
+  pipeline: the model-parallel user's alternative to interlocking."""
+  peer = summary.get("pipeline_peer")
+  if peer is None:
+    return []
+  here, one = peer["here"], peer["one_core_per_module"]
+  lines = [
+      "", "Against the peer on the same devices: e2e pipelined over M "
+      "microbatches (GPipe-style), the best M of the schedule model: "
+      f"M = {here['microbatches']}, {_ms(here['step_s'])} ms with "
+      f"{summary['cores_here']} core(s); M = {one['microbatches']}, "
+      f"{_ms(one['step_s'])} ms with one core per module (modelled, not "
+      "measured).", "",
+      "| strategy | model vs pipeline, here | predicted vs pipeline, one "
+      "core per module |", "|---|---|---|"]
+  for name, row in summary["strategies"].items():
+    speed = row["speedup_vs_pipeline"]
+    lines.append(f"| {name} | {speed['model_here']:.2f}x | "
+                 f"{speed['predicted']:.2f}x |")
+  return lines
+
+
+def _work_lines(summary):
+  """Per module its one-thread work in a step of e2e (forward, input VJP,
+  weight VJP, aux head, update): how well the split balances."""
+  costs = summary["module_costs"]["costs"]
+  fields = ("forward", "input_vjp", "weight_vjp", "aux", "update")
+  work = [sum(c[f] for f in fields) for c in costs]
+  lines = ["", "Per-module work, ms of one thread per step (forward + "
+           "input VJP + weight VJP + aux head + update; measured op "
+           "costs); the slowest module bounds every pipelined schedule:",
+           "", "| module | " + " | ".join(fields) + " | total |",
+           "|---" * (len(fields) + 2) + "|"]
+  for k, (cost, total) in enumerate(zip(costs, work), start=1):
+    lines.append(f"| {k} | " + " | ".join(_ms(cost[f]) for f in fields) +
+                 f" | {_ms(total)} |")
+  ratio = max(work) * len(work) / sum(work)
+  return lines + ["", f"Slowest module / mean module: {ratio:.2f}."]
 
 
 def report_markdown(summary, reading=None):
@@ -215,6 +269,7 @@ def report_markdown(summary, reading=None):
     cells += [f"{row['compile_s']['mean']:.3g}", f"{row['eval_s']['mean']:.3g}",
               _band_text(row["final"]["final"][metric], digits)]
     lines.append("| " + " | ".join(cells) + " |")
+  lines += _peer_lines(summary) + _work_lines(summary)
   budget, target = summary["budget_s"], summary["target"]
   target_text = "none" if target is None else f"{target:.{digits}f}"
   lines += [
@@ -357,7 +412,9 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
       "strategies": {s: study_lib.aggregate_runs(rows)
                      for s, rows in runs.items()},
   }
-  add_projection(summary, predicted, cores_here, target)
+  add_projection(summary, predicted, cores_here, target,
+                 study_lib.predict_pipeline(
+                     costs, sorted({cores_here, study.num_modules})))
   summary["plots"] = list(PLOTS) if plots else []
   for name, row in summary["strategies"].items():
     row["runs"] = runs[name]
