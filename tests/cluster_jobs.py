@@ -14,6 +14,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import tensorflow as tf
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -87,3 +90,47 @@ def run_cluster(module, args_per_task, log_dir, timeout_s=240, chief=False,
       if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+def train_binary_flags(placement):
+  """A 10-step synthetic MLP run (K = 4) of `train.train`."""
+  return ["--preset=synthetic_mlp", f"--placement={placement}",
+          "--train_steps=10", "--steps_per_loop=5",
+          "--checkpoint_every_steps=10", "--eval_every_steps=10"]
+
+
+def assert_same_checkpoints(got_dir, expected_dir, atol):
+  """Every saved weight and slot of `got_dir`'s run equals `expected_dir`'s."""
+  got = tf.train.load_checkpoint(os.path.join(got_dir, "checkpoints"))
+  expected = tf.train.load_checkpoint(
+      os.path.join(expected_dir, "checkpoints"))
+  keys = [key for key in got.get_variable_to_shape_map()
+          if key.startswith(("module_", "optimizer_"))]
+  assert len(keys) > 20
+  for key in keys:
+    np.testing.assert_allclose(got.get_tensor(key),
+                               expected.get_tensor(key), atol=atol,
+                               err_msg=key)
+
+
+def run_train_binary_on_two_tasks(tmp_path, monkeypatch, placement):
+  """Chief + worker `train.train` runs; checks only the chief wrote.
+
+  Returns:
+    (the chief's model_dir, its log).
+  """
+  # The worker's private directory goes under this test's temp dir.
+  own_tmp = tmp_path / "tmp"
+  own_tmp.mkdir()
+  monkeypatch.setenv("TMPDIR", str(own_tmp))
+  dirs = [tmp_path / "chief", tmp_path / "worker"]
+  logs = run_cluster(
+      "train.train",
+      [train_binary_flags(placement) + [f"--model_dir={d}"] for d in dirs],
+      tmp_path, chief=True)
+  assert sorted(os.listdir(dirs[0])) == [
+      "checkpoints", "config.json", "eval", "export", "run.json", "train"]
+  # The worker wrote nothing it was given, and removed its own directory.
+  assert not dirs[1].exists()
+  assert not list(own_tmp.iterdir())
+  return str(dirs[0]), logs[0]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import binaries
 from tests import cluster_jobs
 from tests import replica_job
 from tf_interlock import replicas as replicas_lib
@@ -90,3 +91,16 @@ def test_replicas_refuse_a_mirrored_strategy_and_float16(mirrored):
 def test_connect_refuses_other_placements():
   with pytest.raises(ValueError, match="Received: kind='tpu'"):
     replicas_lib.connect(num_modules=2, kind="tpu")
+
+
+@pytest.mark.cluster
+def test_train_binary_replicas_of_modules_only_the_chief_writes(
+    tmp_path, monkeypatch):
+  # TF_CONFIG + placement=simulated: two hosts of K = 4 logical CPUs each.
+  chief_dir, log = cluster_jobs.run_train_binary_on_two_tasks(
+      tmp_path, monkeypatch, "simulated")
+  assert "step 10/10" in log
+  single_dir = str(tmp_path / "single")
+  binaries.run_binary("train.train", *cluster_jobs.train_binary_flags(
+      "simulated"), f"--model_dir={single_dir}")
+  cluster_jobs.assert_same_checkpoints(chief_dir, single_dir, atol=1e-5)

@@ -67,7 +67,9 @@ def _apply_hyperparameters(trainer, config):
 
 def _learning_rates(trainer):
   return {metric_names.metric_name(k, "learning_rate"):
-          float(opt.learning_rate)
+          # Read through a tensor: under MultiWorkerMirroredStrategy the
+          # variable holds a MirroredVariable, which float() refuses.
+          float(tf.convert_to_tensor(opt.learning_rate))
           for k, opt in enumerate(trainer.optimizers)}
 
 
@@ -182,7 +184,8 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                             name="global_step")
   iterator = iter(trainer.distribute_dataset(task.train))
-  checkpoint = trainer.checkpoint(global_step=global_step, iterator=iterator)
+  checkpoint = trainer.checkpoint(global_step=global_step,
+                                  **multi_worker.input_position(config, iterator))
   # The same objects without the data position: on_nan=skip restores this.
   model_checkpoint = trainer.checkpoint(global_step=global_step)
   if latest:

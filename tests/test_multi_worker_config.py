@@ -1,0 +1,103 @@
+"""train/multi_worker.py: how TF_CONFIG makes the binary a task of a job.
+
+No processes: these read TF_CONFIG only (joining a job is tested with real
+processes in test_multi_worker_mirrored.py and test_cluster_replicas.py).
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+
+import pytest
+
+from tf_interlock.run_dir import RunDir
+from train import config as config_lib
+from train import multi_worker
+
+CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2",
+                                                "127.0.0.1:3"]}
+
+
+def _config(placement="single", model_dir="/tmp/shared_run"):
+  return dataclasses.replace(config_lib.load_preset("synthetic_mlp"),
+                             placement=placement, model_dir=model_dir,
+                             export_dir="/tmp/shared_export")
+
+
+def _task(monkeypatch, job, index, cluster=None):
+  monkeypatch.setenv("TF_CONFIG", json.dumps(
+      {"cluster": cluster or CLUSTER, "task": {"type": job, "index": index}}))
+
+
+@pytest.mark.parametrize("placement,mode", [
+    ("single", "mirrored"), ("simulated", "replicas"), ("gpu", "replicas"),
+    ("tpu", None), ("cluster", None)])
+def test_mode_follows_the_placement(monkeypatch, placement, mode):
+  _task(monkeypatch, "worker", 0)
+  assert multi_worker.mode(_config(placement)) == mode
+  assert multi_worker.num_tasks() == 3
+
+
+def test_alone_without_a_task(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  config = _config()
+  assert multi_worker.mode(config) is None
+  assert multi_worker.is_chief(config)
+  assert multi_worker.task_config(config) == (config, None)
+  # A TF_CONFIG naming only the cluster (a client's) makes no task either.
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": CLUSTER}))
+  assert multi_worker.mode(config) is None
+
+
+def test_only_the_chief_keeps_model_dir(monkeypatch):
+  config = _config()
+  _task(monkeypatch, "chief", 0)
+  assert multi_worker.is_chief(config)
+  assert multi_worker.task_config(config) == (config, None)
+  _task(monkeypatch, "worker", 0)
+  assert not multi_worker.is_chief(config)
+  own, shared = multi_worker.task_config(config)
+  assert shared == "/tmp/shared_run"
+  assert own.model_dir != config.model_dir and own.export_dir is None
+  assert os.path.basename(own.model_dir).startswith("tf_interlock_task_")
+  # Without a chief job, worker 0 is the chief.
+  workers = {"worker": CLUSTER["worker"]}
+  _task(monkeypatch, "worker", 0, workers)
+  assert multi_worker.is_chief(config)
+  _task(monkeypatch, "worker", 1, workers)
+  assert not multi_worker.is_chief(config)
+
+
+def test_a_worker_removes_only_its_own_new_dir(monkeypatch, tmp_path):
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  _task(monkeypatch, "worker", 1)
+  own, _ = multi_worker.task_config(_config())
+  assert os.path.dirname(own.model_dir) == str(tmp_path)
+  os.makedirs(os.path.join(own.model_dir, "checkpoints"))
+  multi_worker.remove_own_dir(own, created=False)  # not made by this run
+  assert os.path.isdir(own.model_dir)
+  multi_worker.remove_own_dir(_config(model_dir=str(tmp_path)), created=True)
+  assert os.path.isdir(tmp_path)  # not a task directory
+  multi_worker.remove_own_dir(own, created=True)
+  assert not os.path.exists(own.model_dir)
+
+
+def test_a_checkpoint_in_model_dir_is_refused(monkeypatch, tmp_path):
+  shared = RunDir(str(tmp_path / "run"))
+  _task(monkeypatch, "worker", 0)
+  config = _config(model_dir=shared.path)
+  multi_worker.check_fresh(config, None, shared)  # no run yet: fine
+  with pytest.raises(ValueError, match="resuming a multi-worker .* not "
+                     "supported yet.*Received: model_dir=.*run$"):
+    multi_worker.check_fresh(config, "/x/checkpoints/ckpt-10", None)
+  monkeypatch.delenv("TF_CONFIG")
+  multi_worker.check_fresh(config, "/x/checkpoints/ckpt-10", None)  # alone
+
+
+def test_the_input_position_is_kept_unless_mirrored(monkeypatch):
+  iterator = object()
+  _task(monkeypatch, "worker", 0)
+  assert multi_worker.input_position(_config("single"), iterator) == {}
+  assert multi_worker.input_position(_config("simulated"), iterator) == {
+      "iterator": iterator}

@@ -1,0 +1,149 @@
+"""The train binary on several hosts, configured by TF_CONFIG.
+
+When TF_CONFIG names this process as a task ("chief" or "worker"), every
+task runs the same `python -m train.train ...` command and they train one
+model together:
+
+* placement=single: `MultiWorkerMirroredStrategy`. Each host holds all K
+  modules on its device; the global batch is split over the hosts and each
+  module's optimizer sums its gradients over them (data parallelism).
+* placement=simulated or gpu: replicas x modules (`tf_interlock.replicas`).
+  Each host holds all K modules, module k on its local device k, and module
+  k's gradients are summed over the hosts by a collective on device k.
+
+Only the chief (the "chief" task, else worker 0) writes --model_dir and
+--export_dir. Every other task trains into a private temporary directory
+(its checkpoints, summaries and export are needed by nothing), removed when
+it ends, and resumes from the chief's latest checkpoint in --model_dir,
+which must therefore be on a filesystem every host reads (gs:// or NFS; on
+one machine, any path). placement=tpu and cluster ignore TF_CONFIG's task:
+there one client drives every host.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import tempfile
+
+import tensorflow as tf
+
+from tf_interlock import replicas as replicas_lib
+
+_TEMP_PREFIX = "tf_interlock_task_"
+
+
+def _tf_config():
+  return json.loads(os.environ.get("TF_CONFIG") or "{}")
+
+
+def mode(config):
+  """"mirrored", "replicas" or None (this process trains alone)."""
+  task = _tf_config().get("task") or {}
+  if task.get("type") not in ("chief", "worker"):
+    return None
+  if config.placement == "single":
+    return "mirrored"
+  if config.placement in replicas_lib.DEVICE_TYPES:
+    return "replicas"
+  return None
+
+
+def num_tasks():
+  """Tasks of TF_CONFIG's "chief" and "worker" jobs."""
+  cluster = _tf_config().get("cluster", {})
+  return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
+def is_chief(config):
+  """Whether this process writes the run (True when it trains alone)."""
+  if mode(config) is None:
+    return True
+  task = _tf_config()["task"]
+  has_chief = bool(_tf_config().get("cluster", {}).get("chief"))
+  return task["type"] == "chief" or (
+      not has_chief and int(task.get("index", 0)) == 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _join(kind, num_modules, intra_op_threads):
+  if kind == "mirrored":
+    return None, None, tf.distribute.MultiWorkerMirroredStrategy()
+  return replicas_lib.connect(num_modules=num_modules, kind=kind,
+                              intra_op_threads=intra_op_threads)
+
+
+def join(config, intra_op_threads=1):
+  """Joins the job TF_CONFIG names (once); before any other TF op.
+
+  Returns:
+    `(replicas, placement, strategy)` (see `replicas.connect`; "mirrored":
+    `(None, None, MultiWorkerMirroredStrategy)`), or None alone.
+  """
+  how = mode(config)
+  if how is None:
+    return None
+  kind = "mirrored" if how == "mirrored" else config.placement
+  return _join(kind, config.num_modules,
+               intra_op_threads if kind == "simulated" else 1)
+
+
+def task_config(config):
+  """The config this task runs: a non-chief's model_dir is its own.
+
+  Returns:
+    `(config, shared_model_dir)`: for a non-chief, model_dir is a new
+    temporary path (not created yet), export_dir None, and
+    shared_model_dir the chief's --model_dir to resume from; otherwise
+    `(config, None)`.
+  """
+  if is_chief(config):
+    return config, None
+  task = _tf_config()["task"]
+  own = os.path.join(tempfile.gettempdir(), f"{_TEMP_PREFIX}{task['type']}_"
+                     f"{task.get('index', 0)}_{os.getpid()}")
+  return dataclasses.replace(config, model_dir=own,
+                             export_dir=None), config.model_dir
+
+
+def check_fresh(config, latest, shared_run):
+  """Refuses to resume a multi-worker job, before anything is written.
+
+  Resuming needs every task to restore the same step, and each task's
+  input position is its own shard's: not supported yet.
+
+  Args:
+    config: this task's config (`task_config`).
+    latest: the checkpoint this task's model_dir would resume from.
+    shared_run: a non-chief's `RunDir` of the chief's --model_dir, or None.
+
+  Raises:
+    ValueError: one line naming --model_dir when it holds a checkpoint.
+  """
+  if mode(config) is None:
+    return
+  if shared_run is not None and shared_run.exists():
+    latest = latest or shared_run.latest_checkpoint(for_writing=False)
+  if latest:
+    where = shared_run.path if shared_run is not None else config.model_dir
+    raise ValueError(
+        f"--model_dir holds a checkpoint ({latest}); resuming a multi-worker "
+        f"(TF_CONFIG) run is not supported yet: start it in a new "
+        f"model_dir. Received: model_dir={where}")
+
+
+def input_position(config, iterator):
+  """{"iterator": iterator}, or {} for a MultiWorkerMirroredStrategy task.
+
+  That strategy's distributed iterator cannot be checkpointed; multi-worker
+  runs do not resume (`check_fresh`), so they need no input position.
+  """
+  return {} if mode(config) == "mirrored" else {"iterator": iterator}
+
+
+def remove_own_dir(config, created):
+  """Removes a non-chief's temporary model_dir, which this run made."""
+  if (created and not is_chief(config) and
+      os.path.basename(config.model_dir).startswith(_TEMP_PREFIX) and
+      tf.io.gfile.exists(config.model_dir)):
+    tf.io.gfile.rmtree(config.model_dir)
