@@ -6,6 +6,7 @@ import pytest
 
 from tf_interlock import projection
 from train import study_clock
+from train import study_lib
 from train import study_report
 
 # Two seeds evaluated at steps 10 and 20: (step, seconds, accuracy).
@@ -156,3 +157,17 @@ def test_per_module_work_shows_the_imbalance():
   assert "| 2 | 3.0 | 3.0 | 3.0 | 1.5 | 1.5 | 12.0 |" in text
   # 12 against a mean of (4 * 3 + 12) / 4 = 6.
   assert "Slowest module / mean module: 2.00." in text
+
+
+def test_predict_pipeline_is_the_best_microbatched_e2e():
+  cost = {"forward": 1.0, "input_vjp": 1.0, "weight_vjp": 1.0, "aux": 0.0,
+          "update": 0.0}
+  costs = {"costs": [cost] * 4, "has_aux": [True] * 4}
+  peer = study_lib.predict_pipeline(costs, [2, 4])
+  # With one core per module the pipeline's step shrinks towards the
+  # busiest device's 3 units as M grows: the largest M tried wins, faster
+  # than plain e2e's 8 (F1..F4, BX4..BX2, BW1).
+  assert peer[4]["microbatches"] == 16
+  assert 3.0 < peer[4]["step_s"] < 8.0
+  # On 2 cores the 11 units of work take at least 5.5.
+  assert peer[2]["step_s"] >= 5.5

@@ -14,6 +14,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 
+from tf_interlock import partition
 from tf_interlock import schedule
 
 
@@ -144,3 +145,32 @@ def repeated_module_costs(trainer, features, labels, repetitions=3,
             for k in range(len(runs[0]))]
 
   return combine(np.median), combine(min), combine(max)
+
+
+def balance_blocks(costs, num_modules):
+  """Splits a network measured one block per module into K modules by time.
+
+  Block j adds its forward, input VJP, weight VJP and update to any module
+  holding it; a module ending after block j also runs the aux head measured
+  there (the cut cost). The first block's input VJP is 0 as measured: it
+  always opens module 1, which sends no gradient below. The split is
+  `partition.balanced_split`'s, the balance code of
+  `from_keras(balance="time")`.
+
+  Args:
+    costs: one `schedule.ModuleCost` per block (seconds).
+    num_modules: K.
+
+  Returns:
+    {"block_work_ms", "block_cut_ms", "balanced_split",
+     "balanced_module_work_ms"}: per block its work and cut cost, the
+    block count of each module, and each module's work with that split.
+  """
+  work = [c.forward + c.input_vjp + c.weight_vjp + c.update for c in costs]
+  cuts = [c.aux for c in costs]
+  split = partition.balanced_split(work, num_modules, cut_costs=cuts)
+  module_work = partition.module_costs(work, split, cut_costs=cuts)
+  return {"block_work_ms": [round(1e3 * w, 3) for w in work],
+          "block_cut_ms": [round(1e3 * c, 3) for c in cuts],
+          "balanced_split": list(split),
+          "balanced_module_work_ms": [round(1e3 * w, 3) for w in module_work]}

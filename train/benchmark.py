@@ -66,6 +66,10 @@ _RESNET_AUX = flags.DEFINE_string("resnet_aux_head", "authors",
 _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "role=profile: how often every op cost is measured "
     "(its median and range are reported).")
+_BALANCE_INTO = flags.DEFINE_integer(
+    "balance_into", None, "role=profile, with one block per module: also "
+    "split the network into this many modules by the measured time "
+    "(`profiling.balance_blocks`).")
 _COSTS = flags.DEFINE_bool(
     "costs", True, "role=worker: also measure op costs in this process, "
     "after the first timed strategy, for the in-process prediction.")
@@ -188,7 +192,9 @@ def profile_report(plan=None):
   x, y = benchmark_lib.make_batch(s)
   median, low, high = profiling.repeated_module_costs(
       trainer, x, y, _REPETITIONS.value)
-  return {"module_costs_ms": benchmark_lib.costs_ms(median),
+  balance = {} if _BALANCE_INTO.value is None else profiling.balance_blocks(
+      median, _BALANCE_INTO.value)
+  return {**balance, "module_costs_ms": benchmark_lib.costs_ms(median),
           "module_costs_min_ms": benchmark_lib.costs_ms(low),
           "module_costs_max_ms": benchmark_lib.costs_ms(high),
           "has_aux": [m.has_aux_head for m in trainer.modules],

@@ -8,7 +8,20 @@ own process: placement configures the devices), times each module's forward,
 input VJP, weight VJP, aux head and update with
 `tf_interlock.profiling.measure_module_costs` on one training batch, and
 writes them as JSON, with what `schedule.simulate` needs besides: which
-modules have an aux head and the number of microbatches.
+modules have an aux head and the number of microbatches. With
+--repetitions > 1 the costs are medians over that many full measurements,
+with their min and max ("costs_min", "costs_max").
+
+  python -m train.module_costs --preset=fashion_mnist_resnet \
+      --balance_into=4 --repetitions=3 --out=docs/results/balance/x.json
+
+--balance_into=K measures the network with every block a module of its own
+(one device and one thread each) and splits it into K modules by measured
+time, through `partition.balanced_split`, the balance code of
+`from_keras(balance="time")`: a block costs its forward, input and weight
+VJPs and update; a module ending after block j also runs the aux head
+measured there (the cut cost). The split is written as "balanced_split";
+a preset copies it (tests/test_presets_balance.py checks that it matches).
 """
 
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
@@ -23,6 +36,7 @@ from absl import flags
 import tensorflow as tf
 
 from tf_interlock import profiling
+from tf_interlock import schedule
 from train import config as config_lib
 from train import error_boundary
 from train import flags_lib
@@ -31,9 +45,27 @@ from train import train_lib
 
 _OUT = flags.DEFINE_string("out", None, "JSON file to write.")
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per op.")
+_REPETITIONS = flags.DEFINE_integer(
+    "repetitions", 1, "Full measurements; costs are their medians.")
+_BALANCE_INTO = flags.DEFINE_integer(
+    "balance_into", None, "Measure every block as a module of its own and "
+    "split the network into this many modules by measured time.")
 
 
-def measure(config, repeats):
+def per_block(config):
+  """`config` with every block a module of its own, one device and one
+  thread each."""
+  blocks = config_lib.num_blocks(config)
+  if blocks is None:
+    raise ValueError(f"--balance_into needs a network of fixed blocks "
+                     f"(resnet or transformer). Received: "
+                     f"model={config.model}")
+  return dataclasses.replace(config, num_modules=blocks, split=(1,) * blocks,
+                             placement="simulated", threads_per_device=1,
+                             modules_per_device=1)
+
+
+def measure(config, repeats, repetitions=1):
   """{"costs": [{op: seconds}], "has_aux": [...], ...} for `config`."""
   config_lib.validate(config)
   if repeats < 1:
@@ -41,9 +73,13 @@ def measure(config, repeats):
   setup_lib.setup_runtime(config)
   trainer, task, _ = train_lib.build(config)
   features, labels = next(iter(task.train.take(1)))
-  costs = profiling.measure_module_costs(trainer, features, labels, repeats)
+  costs, low, high = profiling.repeated_module_costs(
+      trainer, features, labels, repetitions, repeats)
   return {
       "costs": [dataclasses.asdict(c) for c in costs],
+      "costs_min": [dataclasses.asdict(c) for c in low],
+      "costs_max": [dataclasses.asdict(c) for c in high],
+      "repetitions": repetitions,
       "has_aux": [bool(m.has_aux_head) for m in trainer.modules],
       "num_microbatches": config.num_microbatches,
       "num_modules": config.num_modules,
@@ -60,7 +96,18 @@ def main(argv):
   if not _OUT.value:
     raise app.UsageError("--out is required. Received: out=None")
   try:
-    result = measure(flags_lib.config_from_flags(), _REPEATS.value)
+    config = flags_lib.config_from_flags()
+    k = _BALANCE_INTO.value
+    if k is not None:
+      blocks = config_lib.num_blocks(config)
+      if blocks is not None and not 1 <= k <= blocks:
+        raise ValueError(f"--balance_into must be in [1, {blocks}], the "
+                         f"network's blocks. Received: balance_into={k}")
+      config = per_block(config)
+    result = measure(config, _REPEATS.value, _REPETITIONS.value)
+    if k is not None:
+      result.update(profiling.balance_blocks(
+          [schedule.ModuleCost(**c) for c in result["costs"]], k))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
