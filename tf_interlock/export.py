@@ -271,7 +271,9 @@ def _replace_dir(new_dir, export_dir, old_dir):
   paths.move_dir(export_dir, old_dir, last=MARKER)
   try:
     paths.move_dir(new_dir, export_dir, last=MARKER)
-  except (OSError, tf.errors.OpError):
+  except BaseException:  # also Ctrl-C or SIGTERM between the two moves
+    if tf.io.gfile.exists(export_dir):
+      tf.io.gfile.rmtree(export_dir)  # a partial copy (URLs) of new_dir
     paths.move_dir(old_dir, export_dir, last=MARKER)
     raise
   tf.io.gfile.rmtree(old_dir)

@@ -320,6 +320,17 @@ class RunDir:
                      f"checkpoint data; nothing was changed: {hint}. "
                      f"{self._received}")
 
+  def remove_unfinished_checkpoints(self):
+    """Deletes the `ckpt-N_temp` folders a failed save left (TF writes a
+    checkpoint there, then moves its files out); returns their names."""
+    if not tf.io.gfile.isdir(self.checkpoint_dir):
+      return []
+    names = sorted(n.rstrip("/") for n in tf.io.gfile.listdir(
+        self.checkpoint_dir) if re.fullmatch(r"ckpt-\d+_temp/?", n))
+    for name in names:
+      tf.io.gfile.rmtree(self.file(CHECKPOINTS, name))
+    return names
+
   def repair_pointer(self, prefix):
     """Points "checkpoint" at `prefix` (after `latest_checkpoint` allowed
     it); an unreadable old pointer is kept as "checkpoint.unreadable"."""

@@ -30,13 +30,21 @@ PRECISIONS = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
 VOCAB_KINDS = ("wordpiece", "char")
 AUX_HEADS = ("authors", "pool", "none")
-# One training loop is one tf.function that unrolls steps_per_loop steps,
-# each calling next() on the same dataset iterator while tracing. TF counts
-# those calls per iterator, over every trace (the loop of steps_per_loop
-# steps and a shorter last one), and above 32 raises "An unusually high
+# One training loop is one tf.function (autograph off) that unrolls
+# steps_per_loop steps, each calling next() on the dataset iterator. TF
+# counts those calls in each trace and above 32 raises "An unusually high
 # number of `tf.data.Iterator.get_next()` calls" (GET_NEXT_CALL_ERROR_
-# THRESHOLD in tensorflow/python/data/ops/iterator_ops.py).
+# THRESHOLD in tensorflow/python/data/ops/iterator_ops.py; measured: 32
+# traces, 33 fails; a shorter last loop is a new trace, counted afresh).
 MAX_GET_NEXT_CALLS = 32
+# The MLP has no fixed depth, so K is bounded here. Each module adds its
+# forward, VJPs and update to every traced step, and the export traces one
+# signature per exit, K(K+1)/2 module calls in all; TF's graph optimizer
+# grows faster than linearly with that. Measured (synthetic_mlp, one step,
+# 2 cores shared by ~30 runnable processes): K=8 135 s, 32 294 s, 64 844 s
+# from start to exit; K=1000 ran over 15 minutes at 11 GB inside the
+# optimizer, where no signal is handled until it returns.
+MAX_MLP_MODULES = 64
 PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "cifar10_resnet",
            "cifar100_resnet", "lm1b_transformer", "synthetic_mlp")
 
@@ -308,6 +316,11 @@ def _check_length(config):
 
 def _check_split(config):
   blocks = num_blocks(config)
+  if blocks is None and config.num_modules > MAX_MLP_MODULES:
+    fail("num_modules", config.num_modules,
+         f"the mlp takes at most {MAX_MLP_MODULES} modules: TF's graph "
+         "optimizer needs minutes for the traced steps and the export of "
+         "more (they grow faster than K)")
   if blocks is not None and config.num_modules > blocks:
     fail("num_modules", config.num_modules,
          f"at most {blocks} modules: the {_network(config)} has {blocks} "

@@ -49,6 +49,11 @@ def main(argv):
       flag_config.model_dir if "model_dir" in given else None,
       flag_config, given, preset_given=flags.FLAGS["preset"].present)
   config_lib.validate(config)  # the train binary's rules, e.g. --data_dir
+  size = setup_lib.split_sizes(config)[1]
+  if size < config.batch_size:  # evaluation drops a partial batch
+    config_lib.fail("batch_size", config.batch_size,
+                    f"must be at most the {size} examples (text: packed "
+                    f"sequences) of the evaluation split of {config.dataset}")
   task = setup_lib.make_task(config, with_train=False)
   dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
       task.eval)

@@ -233,6 +233,11 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
         steps_per_loop=config.steps_per_loop,
         guard=actions_lib.NanPolicy(config.on_nan, manager, rollback,
                                     out)).run()
+  except (tf.errors.OpError, OSError) as e:
+    failure = _save_failure(run, manager, e)
+    if failure is None:
+      raise
+    raise failure from None
   finally:
     preemption.restore()
   export_lib.export_saved_model(
@@ -253,6 +258,23 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
       print(warning, file=sys.stderr, flush=True)
   print(json.dumps(summary), file=out, flush=True)
   return summary
+
+
+def _save_failure(run, manager, error):
+  """A failed checkpoint save (full disk, read-only or immutable folder) as
+  one line naming the checkpoint to resume from, or None for any other
+  error. The unfinished ckpt-N_temp folder is removed first."""
+  removed = run.remove_unfinished_checkpoints()
+  if not removed and run.checkpoint_dir not in str(error):
+    return None
+  first = (str(getattr(error, "message", error)).strip().splitlines()
+           or [""])[0][:200]
+  latest = manager.latest_checkpoint
+  return TrainingError(
+      f"saving a checkpoint in {run.checkpoint_dir} failed ({first}); "
+      f"{'removed ' + ', '.join(removed) + '; ' if removed else ''}"
+      f"{latest or 'no checkpoint'} is the latest usable one: free space or "
+      "fix the folder's permissions, then rerun to resume")
 
 
 def no_context_warning(results, unigram_perplexity, margin=0.95):

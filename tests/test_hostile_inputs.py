@@ -1,0 +1,303 @@
+"""Hostile inputs through the binaries (issue 19): nesting that would lose
+data, resumes that would make config.json lie, FIFOs, absurd lock files,
+stored configs of the wrong type, feature_stats's faults, odd paths, and
+signals during an export.
+
+A refusal case is run as in test_reliability: a copy of a trained run in
+its own folder, one binary run that must refuse, then exit code 1, exactly
+one "error:" line holding the expected words, no traceback, and every file
+of the folder byte for byte unchanged.
+"""
+
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from tests.binaries import ROOT, run_binary
+from tests.test_reliability import SYNTH, trained  # noqa: F401
+from tf_interlock import run_lock
+from train import config as config_lib
+from train import error_boundary
+
+PARALLEL = 4
+
+
+def _tree(root):
+  """{relative path: sha256} of the regular files under root; anything
+  else (a FIFO, whose read would block, a symlink loop) by its kind."""
+  found = {}
+  for top, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(top, name)
+      mode = os.lstat(path).st_mode
+      if stat.S_ISREG(mode):
+        with open(path, "rb") as f:
+          digest = hashlib.sha256(f.read()).hexdigest()
+      else:
+        digest = stat.S_IFMT(mode)
+      found[os.path.relpath(path, root)] = digest
+  return found
+
+
+def _edit_json(path, **fields):
+  data = json.loads(path.read_text())
+  data.update(fields)
+  path.write_text(json.dumps(data))
+
+
+def _fifo(path):
+  os.remove(path)
+  os.mkfifo(path)
+
+
+def _lock(run, **fields):
+  holder = {"host": "elsewhere", "pid": 123, "started": time.time(),
+            "updated": time.time(), "token": "test"}
+  holder.update(fields)
+  (run / "lock.json").write_text(json.dumps(holder))
+
+
+def _nested_run(case, run):
+  """A user's run and notes inside the run's export."""
+  (run / "export" / "mine" / "checkpoints").mkdir(parents=True)
+  (run / "export" / "mine" / "config.json").write_text("{}")
+  (run / "export" / "NOTES.txt").write_text("mine")
+
+
+def _lm_config(case, run):
+  lm = case / "lm"
+  lm.mkdir()
+  (lm / "config.json").write_text(
+      config_lib.load_preset("fortunes_lm").to_json())
+
+
+def _symlink_loop(case, run):
+  os.symlink(case / "loop", case / "loop")
+
+
+# (name, binary, setup(case, run) or None, flags(case, run), words).
+# `run` is a copy of a trained 10-step run (ckpt-10, export) in `case`.
+CASES = [
+    ("train inside an export", "train.train", None,
+     lambda c, r: [f"--model_dir={r}/export/run"],
+     ["--model_dir=", "lies inside the export", "/run/export"]),
+    ("train onto an export", "train.train", None,
+     lambda c, r: [f"--model_dir={r}/export"],
+     ["--model_dir=", "is an export", "interlock_export.json"]),
+    ("train inside a run", "train.train", None,
+     lambda c, r: [f"--model_dir={r}/train/inner"],
+     ["--model_dir=", "lies inside the run", "/run"]),
+    ("train inside a checkpoints folder", "train.train",
+     lambda c, r: shutil.copytree(r / "checkpoints", c / "checkpoints"),
+     lambda c, r: [f"--model_dir={c}/checkpoints/run"],
+     ["--model_dir=", "lies inside the checkpoints folder"]),
+    ("export over an export holding a user's run", "train.export",
+     _nested_run, lambda c, r: [],
+     ["--export_dir=", "entries the export did not write", "NOTES.txt"]),
+    ("resume with another seed", "train.train", None,
+     lambda c, r: ["--seed=7"], ["seed=0", "--seed=0", "Received: seed=7"]),
+    ("resume with train_steps below the step", "train.train", None,
+     lambda c, r: ["--train_steps=5"],
+     ["--train_steps=5", "already at step 10", "ckpt-10"]),
+    ("config.json is a FIFO", "train.train",
+     lambda c, r: _fifo(r / "config.json"), lambda c, r: [],
+     ["config.json is a FIFO", "not a regular file"]),
+    ("export: config.json is a FIFO", "train.export",
+     lambda c, r: _fifo(r / "config.json"), lambda c, r: [],
+     ["config.json is a FIFO"]),
+    ("lock.json is a FIFO", "train.train",
+     lambda c, r: (r / "lock.json").touch() or _fifo(r / "lock.json"),
+     lambda c, r: [], ["lock.json is unreadable", "--break_lock=true"]),
+    ("lock with an absurd start and heartbeat", "train.train",
+     lambda c, r: _lock(r, started=1e300, updated="soon"), lambda c, r: [],
+     ["in use by pid 123", "unreadable time", "--break_lock=true"]),
+    ("stored split is a number (export)", "train.export",
+     lambda c, r: _edit_json(r / "config.json", split=5), lambda c, r: [],
+     ["config.json has split=5", "list of ints"]),
+    ("stored mlp_width is a word (export)", "train.export",
+     lambda c, r: _edit_json(r / "config.json", mlp_width="wide"),
+     lambda c, r: [], ["config.json has mlp_width='wide'", "an int"]),
+    ("marker's split is a number (evaluate)", "train.evaluate",
+     lambda c, r: _edit_json(r / "export" / "interlock_export.json",
+                             config=dict(json.loads(
+                                 (r / "config.json").read_text()), split=5)),
+     lambda c, r: [f"--saved_model={r}/export"],
+     ["interlock_export.json has split=5"]),
+    ("evaluate with a batch above the split", "train.evaluate", None,
+     lambda c, r: ["--batch_size=5000"],
+     ["--batch_size=5000", "evaluation split", "examples"]),
+    ("feature_stats on an image run", "train.feature_stats", None,
+     lambda c, r: [], ["language-model runs", "synthetic"]),
+    ("feature_stats on an empty dir", "train.feature_stats",
+     lambda c, r: (c / "empty").mkdir(),
+     lambda c, r: [f"--model_dir={c}/empty"], ["config.json", "not a training run"]),
+    ("feature_stats on a missing dir", "train.feature_stats", None,
+     lambda c, r: [f"--model_dir={c}/missing"], ["missing/config.json"]),
+    ("feature_stats on an LM run with no checkpoint", "train.feature_stats",
+     _lm_config, lambda c, r: [f"--model_dir={c}/lm"],
+     ["No checkpoint", "lm/checkpoints"]),
+    ("steps_per_loop above TF's get_next limit", "train.train", None,
+     lambda c, r: [f"--model_dir={c}/new", "--steps_per_loop=33"],
+     ["--steps_per_loop=33", "<= 32"]),
+    ("a 300-character path component", "train.train", None,
+     lambda c, r: [f"--model_dir={c}/{'a' * 300}/run"], ["a" * 300]),
+    ("model_dir in a symlink loop", "train.train", _symlink_loop,
+     lambda c, r: [f"--model_dir={c}/loop/run"], ["loop"]),
+    ("an mlp of 1000 modules", "train.train", None,
+     lambda c, r: [f"--model_dir={c}/new", "--num_modules=1000"],
+     ["--num_modules=1000", "at most 64 modules"]),
+    ("model_dir with an unknown scheme", "train.train", None,
+     lambda c, r: ["--model_dir=foo://x/run"], ["foo://"]),
+]
+
+
+def _args(binary, case, run, flags):
+  if binary == "train.train":
+    given = any(a.startswith("--model_dir") for a in flags)
+    return SYNTH + ["--train_steps=20"] + (
+        [] if given else [f"--model_dir={run}"]) + flags
+  if any(a.startswith(("--model_dir", "--saved_model")) for a in flags):
+    return flags
+  return [f"--model_dir={run}"] + flags
+
+
+def _env():
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+
+
+def _one_error_line(err):
+  assert "Traceback" not in err, err
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, err
+  return errors[0]
+
+
+def _stderr_of_all(commands, parallel=PARALLEL):
+  """Runs the binaries of `commands` ([module, *flags]) a few at a time;
+  their (exit code, stderr) in order."""
+  procs, results = [], []
+  for command in commands:
+    if len(procs) - len(results) >= parallel:
+      results.append(procs[len(results)].communicate(timeout=300))
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", *command], cwd=ROOT, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  results += [proc.communicate(timeout=300) for proc in procs[len(results):]]
+  return [(proc.returncode, err) for proc, (_, err) in zip(procs, results)]
+
+
+def test_hostile_inputs_fail_in_one_line_and_change_nothing(trained,
+                                                            tmp_path):
+  commands, trees = [], []
+  for i, (_, binary, setup, flags, _) in enumerate(CASES):
+    case = tmp_path / f"case{i}"
+    shutil.copytree(trained, case / "run")
+    if setup:
+      setup(case, case / "run")
+    trees.append((case, _tree(case)))
+    commands.append([binary, *_args(binary, case, case / "run",
+                                    flags(case, case / "run"))])
+  outcomes = _stderr_of_all(commands)
+  for (name, _, _, _, words), (case, before), (code, err) in zip(
+      CASES, trees, outcomes):
+    assert code == 1, (name, err)
+    line = _one_error_line(err)
+    for word in words:
+      assert word in line, (name, word, line)
+    assert _tree(case) == before, name
+
+
+def test_break_lock_takes_any_lock_and_resume_records_changes(trained,
+                                                              tmp_path):
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  _lock(run, pid=2**40, started=1e300, updated="soon")
+  proc = run_binary("train.train", *SYNTH, f"--model_dir={run}",
+                    "--train_steps=15", "--learning_rate=0.01",
+                    "--break_lock=true")
+  assert "warning: taking over" in proc.stderr, proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert not (run / "lock.json").exists()
+  config = json.loads((run / "config.json").read_text())
+  assert config["train_steps"] == 15 and config["learning_rate"] == 0.01
+  (change,) = config["history"]
+  assert change["step"] == 10
+  assert change["changed"]["train_steps"] == [10, 15]
+  assert change["changed"]["learning_rate"] == [0.05, 0.01]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_export_is_one_line_and_leaves_nothing(
+    trained, tmp_path, signum):
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  before = _tree(run)
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "train.export", f"--model_dir={run}"], cwd=ROOT,
+      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  while not any(p.name.startswith(".export.tmp-") for p in run.iterdir()):
+    assert proc.poll() is None and time.time() < deadline, "no export began"
+    time.sleep(0.02)
+  proc.send_signal(signum)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 1, err
+  line = _one_error_line(err)
+  assert signal.Signals(signum).name in line, line
+  assert "previous export" in line, line
+  assert _tree(run) == before  # lock released, temporary folder removed
+
+
+def test_the_get_next_limit_is_tensorflows():
+  from tensorflow.python.data.ops import iterator_ops  # pylint: disable=g-import-not-at-top
+  assert config_lib.MAX_GET_NEXT_CALLS == (
+      iterator_ops.GET_NEXT_CALL_ERROR_THRESHOLD)
+
+
+def test_the_boundary_describes_expected_faults_only():
+  full = OSError(errno.ENOSPC, "No space left on device", "/d/ckpt-3_temp")
+  assert error_boundary.describe(full) == (
+      "No space left on device: /d/ckpt-3_temp (free space and rerun)")
+  denied = tf.errors.PermissionDeniedError(None, None, "/r/x; Permission "
+                                           "denied\n\tcontext line")
+  assert error_boundary.describe(denied) == (
+      "PermissionDeniedError: /r/x; Permission denied")
+  assert error_boundary.describe(ValueError("a\nb")) == "a"
+  assert error_boundary.describe(TypeError("a bug")) is None
+  assert error_boundary.describe(KeyError("a bug")) is None
+
+
+@pytest.mark.parametrize("fields", [
+    {"pid": 2**40}, {"pid": -5}, {"pid": "x", "started": 1e300},
+    {"updated": "soon"}, {"started": float("nan")}, {"host": None}])
+def test_an_absurd_lock_is_refused_in_one_line_or_taken_over(tmp_path,
+                                                             fields):
+  path = str(tmp_path / "lock.json")
+  holder = {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": 1.0, "updated": time.time(), "token": "t"}
+  holder.update(fields)
+  with open(path, "w") as f:
+    f.write(json.dumps(holder))
+  lock = run_lock.RunLock(path, out=io.StringIO())
+  try:
+    lock.acquire()
+  except ValueError as e:  # refused: one line that names the way out
+    assert "\n" not in str(e) and "--break_lock=true" in str(e)
+  lock.release()
+  broken = run_lock.RunLock(path, out=io.StringIO())
+  broken.acquire(break_lock=True)  # always works
+  assert broken.held
+  broken.release()
+  assert not os.path.exists(path)
