@@ -45,8 +45,9 @@ MAX_GET_NEXT_CALLS = 32
 # from start to exit; K=1000 ran over 15 minutes at 11 GB inside the
 # optimizer, where no signal is handled until it returns.
 MAX_MLP_MODULES = 64
-PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "cifar10_resnet",
-           "cifar100_resnet", "lm1b_transformer", "synthetic_mlp")
+PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "fortunes_lm_paper_shape",
+           "cifar10_resnet", "cifar100_resnet", "lm1b_transformer",
+           "synthetic_mlp")
 
 
 @dataclasses.dataclass

@@ -92,7 +92,10 @@ def config_from_flags():
   """The preset's `Config` with every flag given on the command line.
 
   --epochs and --train_steps each say how long to train: the one given
-  replaces the preset's other one, and giving both is an error.
+  replaces the preset's other one, and giving both is an error. A preset's
+  split (balanced by measured time for its own network and K) is dropped
+  when --num_modules or --num_layers is given without --split: the network
+  is then balanced by its default.
   """
   config = config_lib.load_preset(PRESET.value)
   overrides = {}
@@ -110,4 +113,6 @@ def config_from_flags():
     overrides.setdefault("train_steps", None)
   if "train_steps" in given:
     overrides.setdefault("epochs", None)
+  if given & {"num_modules", "num_layers"} and "split" not in given:
+    overrides["split"] = None
   return dataclasses.replace(config, **overrides)
