@@ -17,6 +17,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tests import binaries
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -44,7 +46,7 @@ def tf_config(ports, index, chief=False):
           "task": task}
 
 
-def run_cluster(module, args_per_task, log_dir, timeout_s=240, chief=False,
+def run_cluster(module, args_per_task, log_dir, timeout_s=600, chief=False,
                 cwd=ROOT):
   """Runs one process per entry of `args_per_task`; all must exit 0.
 
@@ -52,7 +54,8 @@ def run_cluster(module, args_per_task, log_dir, timeout_s=240, chief=False,
     module: the Python module to run (`python -m module`).
     args_per_task: per task, its command-line arguments.
     log_dir: a pathlib.Path; task i's stdout and stderr go to task_{i}.log.
-    timeout_s: seconds to wait for all of them together.
+    timeout_s: seconds to wait for all of them together (generous: on a
+      loaded 2-core machine two TF processes take minutes to start).
     chief: task 0 is the "chief" (else every task is a "worker").
     cwd: the working directory of every process.
 
@@ -82,8 +85,9 @@ def run_cluster(module, args_per_task, log_dir, timeout_s=240, chief=False,
       except subprocess.TimeoutExpired:
         pass
       text = logs[i].read_text(errors="replace")
-      assert proc.returncode == 0, (
-          f"task {i} exited {proc.returncode}:\n{text[-3000:]}")
+      status = (f"was still running after {timeout_s} s"
+                if proc.returncode is None else f"exited {proc.returncode}")
+      assert proc.returncode == 0, f"task {i} {status}:\n{text[-3000:]}"
     return [log.read_text(errors="replace") for log in logs]
   finally:
     for proc in procs:
@@ -134,3 +138,16 @@ def run_train_binary_on_two_tasks(tmp_path, monkeypatch, placement):
   assert not dirs[1].exists()
   assert not list(own_tmp.iterdir())
   return str(dirs[0]), logs[0]
+
+
+def check_train_binary_equals_one_process(tmp_path, monkeypatch,
+                                          placement):
+  """Chief + worker runs: only the chief writes, and its checkpoint equals
+  one `train.train` process's on the whole batch (1e-5)."""
+  chief_dir, log = run_train_binary_on_two_tasks(tmp_path, monkeypatch,
+                                                 placement)
+  assert "step 10/10" in log
+  single_dir = str(tmp_path / "single")
+  binaries.run_binary("train.train", *train_binary_flags(placement),
+                      f"--model_dir={single_dir}")
+  assert_same_checkpoints(chief_dir, single_dir, atol=1e-5)

@@ -55,7 +55,7 @@ def main(out, mode, strategies):
   from tf_interlock import replicas as replicas_lib  # pylint: disable=g-import-not-at-top
   if mode == "modules":
     replicas, placement, _ = replicas_lib.connect(num_modules=K,
-                                                  timeout_s=60)
+                                                  timeout_s=300)
     kwargs = dict(placement=placement, replicas=replicas)
   else:
     kwargs = dict(distribute=tf.distribute.MultiWorkerMirroredStrategy())
