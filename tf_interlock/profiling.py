@@ -174,3 +174,57 @@ def balance_blocks(costs, num_modules):
           "block_cut_ms": [round(1e3 * c, 3) for c in cuts],
           "balanced_split": list(split),
           "balanced_module_work_ms": [round(1e3 * w, 3) for w in module_work]}
+
+
+def compose_modules(block_costs, split):
+  """Op costs of modules made of several measured blocks each.
+
+  Module k holds `split[k]` consecutive blocks. Its forward and update are
+  the sums of its blocks'. Its input VJP carries the cotangent through
+  every block to the module's input: the sum of the blocks' input VJPs (0
+  for module 1, which sends nothing). Its weight VJP needs the cotangent at
+  each block's output as well, so it adds the input VJPs of every block but
+  the module's first to the blocks' weight VJPs. The aux head is the one
+  measured after the module's last block (none for the last module).
+
+  Args:
+    block_costs: one `schedule.ModuleCost` per block, measured one block per
+      module (`balance_blocks`' input).
+    split: blocks per module, summing to len(block_costs).
+
+  Returns:
+    One `schedule.ModuleCost` per module.
+  """
+  partition.check_split(split, len(block_costs), len(split))
+  modules, start = [], 0
+  for k, count in enumerate(split):
+    blocks = block_costs[start:start + count]
+    start += count
+    inner = sum(c.input_vjp for c in blocks[1:])
+    modules.append(schedule.ModuleCost(
+        forward=sum(c.forward for c in blocks),
+        input_vjp=0.0 if k == 0 else inner + blocks[0].input_vjp,
+        weight_vjp=sum(c.weight_vjp for c in blocks) + inner,
+        aux=0.0 if k == len(split) - 1 else blocks[-1].aux,
+        update=sum(c.update for c in blocks)))
+  return modules
+
+
+def project_one_core_per_module(costs, strategies=("2wise", "local")):
+  """Step times with one core per module, and each strategy's speedup over
+  e2e and over the best microbatched e2e pipeline (`schedule`'s model).
+
+  Returns:
+    {"e2e_ms", "pipeline_ms", "pipeline_microbatches",
+     strategy: {"step_ms", "vs_e2e", "vs_pipeline"}}.
+  """
+  k = len(costs)
+  e2e = schedule.simulate(costs, "e2e", num_cores=k).step_time
+  m, pipe = schedule.best_pipeline(costs, num_cores=k)
+  out = {"e2e_ms": 1e3 * e2e, "pipeline_ms": 1e3 * pipe,
+         "pipeline_microbatches": m}
+  for name in strategies:
+    step = schedule.simulate(costs, name, num_cores=k).step_time
+    out[name] = {"step_ms": 1e3 * step, "vs_e2e": e2e / step,
+                 "vs_pipeline": pipe / step}
+  return out

@@ -106,8 +106,13 @@ def main(argv):
       config = per_block(config)
     result = measure(config, _REPEATS.value, _REPETITIONS.value)
     if k is not None:
-      result.update(profiling.balance_blocks(
-          [schedule.ModuleCost(**c) for c in result["costs"]], k))
+      blocks = [schedule.ModuleCost(**c) for c in result["costs"]]
+      result.update(profiling.balance_blocks(blocks, k))
+      # The balanced modules' op costs, and the schedule model's one core
+      # per module projection of them.
+      result["projection_one_core_per_module"] = (
+          profiling.project_one_core_per_module(profiling.compose_modules(
+              blocks, result["balanced_split"])))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
