@@ -28,8 +28,10 @@ import tensorflow as tf
 from tests.binaries import ROOT, run_binary
 from tests.test_reliability import SYNTH, trained  # noqa: F401
 from tf_interlock import run_lock
+from tf_interlock.run_dir import RunDir
 from train import config as config_lib
 from train import error_boundary
+from train import train_lib
 
 PARALLEL = 4
 
@@ -301,3 +303,25 @@ def test_an_absurd_lock_is_refused_in_one_line_or_taken_over(tmp_path,
   assert broken.held
   broken.release()
   assert not os.path.exists(path)
+
+
+def test_a_failed_save_names_the_usable_checkpoint(tmp_path):
+  run = RunDir(str(tmp_path / "run"))
+  step = tf.Variable(3)
+  manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step),
+                                       run.checkpoint_dir, max_to_keep=2)
+  manager.save(checkpoint_number=3)
+  (tmp_path / "run" / "checkpoints" / "ckpt-6_temp").mkdir()
+  denied = tf.errors.PermissionDeniedError(
+      None, None, "{{function_node __wrapped__SaveV2}} "
+      f"{run.checkpoint_dir}/ckpt-6_temp; Operation not permitted")
+  failure = train_lib._save_failure(run, manager, denied)  # pylint: disable=protected-access
+  assert isinstance(failure, train_lib.TrainingError)
+  assert "ckpt-6_temp; Operation not permitted" in str(failure)
+  assert "function_node" not in str(failure)
+  assert f"{run.checkpoint_dir}/ckpt-3 is the latest usable" in str(failure)
+  assert sorted(os.listdir(run.checkpoint_dir)) == [
+      "checkpoint", "ckpt-3.data-00000-of-00001", "ckpt-3.index"]
+  # Any other error is not a save's: it keeps its own report.
+  other = tf.errors.InvalidArgumentError(None, None, "a shape mismatch")
+  assert train_lib._save_failure(run, manager, other) is None  # pylint: disable=protected-access

@@ -25,10 +25,12 @@ keep TF busy for minutes (see `config.MAX_MODULES`).
 
 import errno
 import functools
+import re
 import signal
 import sys
 
 from absl import app
+from absl import logging
 import tensorflow as tf
 
 from train import actions
@@ -53,9 +55,11 @@ def _raise_terminated(signum, frame):
 
 
 def first_line(text):
-  """The first non-empty line of `text`, cut to a readable length."""
+  """The first non-empty line of `text`, cut to a readable length, without
+  the "{{function_node ...}}" prefix TF puts before a kernel's status."""
   lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-  line = lines[0] if lines else ""
+  line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
+                lines[0] if lines else "")
   return line if len(line) <= _MAX_CHARS else line[:_MAX_CHARS - 3] + "..."
 
 
@@ -136,6 +140,11 @@ def guard(interrupted="nothing was left half-written"):
 
 
 def _fail(line):
+  """Prints the line and exits 1, quietly: the objects freed at exit (a
+  checkpoint whose restore failed, say) would log warnings about what the
+  error already said."""
   sys.stdout.flush()
   print(f"error: {line}", file=sys.stderr, flush=True)
+  logging.set_verbosity(logging.ERROR)
+  tf.get_logger().setLevel("ERROR")
   sys.exit(1)

@@ -29,6 +29,7 @@ from tf_interlock.run_lock import RunLock
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
 from train import config as config_lib
+from train import error_boundary
 from train import multi_worker
 from train import setup_lib
 from train.controller import Controller
@@ -267,8 +268,7 @@ def _save_failure(run, manager, error):
   removed = run.remove_unfinished_checkpoints()
   if not removed and run.checkpoint_dir not in str(error):
     return None
-  first = (str(getattr(error, "message", error)).strip().splitlines()
-           or [""])[0][:200]
+  first = error_boundary.first_line(getattr(error, "message", error))
   latest = manager.latest_checkpoint
   return TrainingError(
       f"saving a checkpoint in {run.checkpoint_dir} failed ({first}); "
