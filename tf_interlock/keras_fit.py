@@ -323,10 +323,17 @@ class FitState:
       # The epoch's last call runs only the steps left, so an epoch is
       # exactly `steps` steps even when steps_per_execution does not divide.
       num = min(model.steps_per_execution, self.steps - self.done)
-      metrics = model.trainer.train_loop(iterator, num_steps=max(num, 1))
+      # Each distinct step count traces (and optimises) its own unrolled
+      # function, whose cost grows with the steps unrolled: the leftover
+      # steps run as one-step calls, the smallest function to trace.
+      calls = ([(model.steps_per_execution, num)]
+               if num == model.steps_per_execution else
+               [(1, 1)] * (max(num, 1) - 1) + [(1, min(num, 1))])
+      for steps, counted in calls:
+        metrics = model.trainer.train_loop(iterator, num_steps=steps)
+        for key, value in metrics.items():
+          self.sums[key] = self.sums.get(key, 0.0) + value * counted
       self.done += num
-      for key, value in metrics.items():
-        self.sums[key] = self.sums.get(key, 0.0) + value * num
       logs = {key: value / self.done for key, value in self.sums.items()}
       last = model.num_modules
       logs["loss"] = logs[f"module_{last}/loss"]
