@@ -55,10 +55,24 @@ def _our_run(out_dir, owner="ours"):
   return run_dir
 
 
+def _hold(run_dir):
+  """Takes run_dir's lock: this process is the live train.train."""
+  lock = RunLock(os.path.join(run_dir, "lock.json"))
+  lock.acquire()
+  HELD.append(lock)
+
+
 def _case_user_run(root):
   run_dir = os.path.join(root, "out", "e2e", "seed_0")
   _user_run(run_dir)
   return [], [run_dir, "did not make"]
+
+
+def _case_user_run_in_use(root):
+  run_dir = os.path.join(root, "out", "e2e", "seed_0")
+  _user_run(run_dir)
+  _hold(run_dir)
+  return [], [run_dir, "did not make", f"in use by pid {os.getpid()}"]
 
 
 def _case_other_study(root):
@@ -71,9 +85,7 @@ def _case_other_study(root):
 
 def _case_live_lock(root):
   run_dir = _our_run(os.path.join(root, "out"))
-  lock = RunLock(os.path.join(run_dir, "lock.json"))
-  lock.acquire()  # this process is the live train.train
-  HELD.append(lock)
+  _hold(run_dir)
   return [], [os.path.join(run_dir, "lock.json"), f"pid {os.getpid()}",
               "in use"]
 

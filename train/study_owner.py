@@ -124,8 +124,17 @@ def _owns_run(run_dir, owner, strategy, seed):
       "strategy"), marker.get("seed")) == (owner, strategy, seed)
 
 
+def _holder(run_dir):
+  """', in use by pid P on host H (its lock.json)' if a lock names one."""
+  lock = _read_marker(paths.join(run_dir, run_dir_lib.LOCK))
+  if not lock or "pid" not in lock:
+    return ""
+  return (f", in use by pid {lock.get('pid')} on host {lock.get('host')} "
+          f"(its {run_dir_lib.LOCK})")
+
+
 def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
-  """NEW, FINISHED or UNFINISHED; raises for a folder this study did not make.
+  """NEW, FINISHED or UNFINISHED; raises for a folder not of this study.
 
   Reads only.
 
@@ -135,6 +144,10 @@ def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
     owner: this study's id, or None for a study not begun yet.
     strategy: the strategy's name; seed: the run's seed.
     result_file: the name of a finished run's result in run_dir.
+
+  Raises:
+    ValueError: naming the folder, when it (or a file above it) is not
+      this study's run of `strategy` and `seed`.
   """
   blocker = paths.file_above(run_dir)
   if blocker is not None:
@@ -145,7 +158,8 @@ def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
   if not _owns_run(run_dir, owner, strategy, seed):
     raise ValueError(
         f"{run_dir} holds a run that this train.compare study did not make "
-        f"(no {RUN_MARKER} naming it); {_MOVE_AWAY}. {_received(out_dir)}")
+        f"(no {RUN_MARKER} naming it){_holder(run_dir)}; {_MOVE_AWAY}. "
+        f"{_received(out_dir)}")
   if tf.io.gfile.exists(paths.join(run_dir, result_file)):
     return FINISHED
   return UNFINISHED
@@ -168,8 +182,17 @@ def check_not_in_use(run_dir, break_lock=False):
 
 
 def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
-  """Under the run's lock: marks a new run folder, or empties an unfinished
-  one of ours (but its marker), so that train.train starts from scratch.
+  """Readies a run folder for train.train to start from scratch.
+
+  Under the run's lock: a new folder gets this study's marker; an
+  unfinished run of this study is emptied, all but its marker (and the
+  lock, released on return).
+
+  Args:
+    out_dir: the study's --out_dir (for messages).
+    run_dir: out_dir/<strategy>/seed_<seed>.
+    owner: this study's id; strategy, seed: the run's.
+    break_lock: take over a lock although its holder looks alive.
 
   Raises:
     ValueError: a live process holds the run, or the folder turned out not
