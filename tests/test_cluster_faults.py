@@ -68,7 +68,7 @@ def test_killed_worker_is_named_and_the_rerun_resumes_bit_identically(
   # The last checkpoint is intact (its pointer and every file restore) and
   # earlier than the end: the rerun has work left.
   step = _checkpoint_step(killed)
-  assert 60 <= step < 300, step
+  assert 20 <= step <= 60, step
   procs.stop(workers[1])
   procs.start_worker(cluster, 1)  # the same host:port again
   resumed = procs.start("train.train", *train, f"--model_dir={killed}")
@@ -123,7 +123,7 @@ def test_worker_binary_faults_are_one_line(procs):
                                  *flags)
                for name, (flags, _) in cases.items()}
     for name, (_, expected) in cases.items():
-      _, err = started[name].communicate(timeout=120)
+      _, err = started[name].communicate(timeout=600)
       assert started[name].returncode == 1, (name, err)
       lines = err.strip().splitlines()
       assert len(lines) == 1 and lines[0].startswith(expected), (name, err)
@@ -136,6 +136,6 @@ def test_worker_stops_cleanly_on_a_signal(procs, signum):
   cluster = cluster_procs.cluster_flag(cluster_procs.free_ports(1))
   worker = procs.start_worker(cluster, 0)
   worker.send_signal(signum)
-  out, _ = worker.communicate(timeout=60)
+  out, _ = worker.communicate(timeout=300)
   assert worker.returncode == 0
   assert out.strip() == f"worker stopped ({signum.name})"

@@ -40,6 +40,9 @@ TEST_FOLDER = "tests"
 # training binaries many times over are large.
 DEFAULT_TEST_SIZE = "medium"
 TEST_SIZES = {
+    "tests/test_cluster.py": "large",
+    "tests/test_cluster_faults.py": "large",
+    "tests/test_cluster_readme.py": "large",
     "tests/test_partition.py": "small",
     "tests/test_reliability.py": "large",
     "tests/test_routing.py": "small",
@@ -49,6 +52,7 @@ _VALID_SIZES = ("small", "medium", "large", "enormous")
 # Files besides pytest.ini that a test reads at run time.
 TEST_DATA = {
     "tests/test_install.py": ["pyproject.toml"],
+    "tests/test_cluster_readme.py": ["README.md"],
     "tests/test_readme.py": ["README.md"],
 }
 

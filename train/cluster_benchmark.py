@@ -145,7 +145,11 @@ def parent():
   finally:
     for worker in workers:
       worker.terminate()
-      worker.wait(timeout=30)
+      try:
+        worker.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(timeout=30)
   rows += _run_child("simulated")
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, "results.json"), "w") as f:

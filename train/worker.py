@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 from absl import app
 from absl import flags
@@ -140,7 +141,10 @@ def run():
         f"({server.target}; intra_op_threads={_INTRA.value}, "
         f"inter_op_threads={_INTER.value})", flush=True)
   while True:
-    signal.pause()
+    # Not signal.pause(): the kernel may deliver SIGTERM to one of TF's
+    # threads, which leaves pause() asleep; Python runs the handler in the
+    # main thread at its next bytecode, at most a second later.
+    time.sleep(1)
 
 
 def main(argv):
@@ -150,12 +154,11 @@ def main(argv):
     run()
   except WorkerError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    # Leave at once: TF's runtime threads can hold the interpreter's exit.
+    os._exit(1)  # pylint: disable=protected-access
   except SystemExit as e:
     if isinstance(e.code, str):  # stopped by a signal: a clean exit
       print(e.code, flush=True)
-      sys.stdout.flush()
-      # TF's server threads would keep the interpreter's exit waiting.
       os._exit(0)  # pylint: disable=protected-access
     raise
 
