@@ -19,6 +19,12 @@ What Keras sees under interlocking:
   every exit: module k's aux head for k < K, the network for "loss".
 * `predict(x, exit=k)` serves modules 1..k then aux head k; exit=None (the
   default) or K serves the whole network.
+* `model.optimizer` (a `ModuleOptimizers`): its `learning_rate` reads module
+  1's and sets every module's (or those `model.optimizer.modules` names),
+  which is what `LearningRateScheduler`, `ReduceLROnPlateau` and
+  `TensorBoard` use.
+* `summary()` prints one row per module; `modules[k].layer_names` lists the
+  layers of module k + 1.
 """
 
 import contextlib
