@@ -184,3 +184,15 @@ def test_probe_gradients_match_a_direct_tape():
                              atol=1e-6)
   # Each loss has its own cotangent.
   assert not np.allclose(grads[1], grads[2])
+
+
+def test_unigram_start_covers_every_head_with_smoothed_log_probs():
+  modules, _ = _tiny_modules()
+  assert [head.name for head in collapse_probe.heads(modules)] == [
+      "aux_head1", "aux_head2", "output_head"]
+  labels = tf.constant([[0, 0, 1], [0, 2, 2]])
+  dataset = tf.data.Dataset.from_tensors((labels, labels)).repeat()
+  log_probs = collapse_probe.unigram_log_probs(dataset, 4, 2)
+  # Two batches: counts 6, 2, 4, 0, plus one each, over 16.
+  np.testing.assert_allclose(np.exp(log_probs), [7 / 16, 3 / 16, 5 / 16,
+                                                 1 / 16])

@@ -21,6 +21,10 @@ the module whose loss trains module 1 under 2-wise:
   block_norms_off  its blocks read h_1 without LayerNorm (x + Attn(x), ...)
   head_norm_off    its aux head is a projection of h_2 without LayerNorm
   norms_off        both
+and one changes the start of every head instead:
+  unigram_bias     every head's logit bias starts at the training split's
+                   unigram log-probabilities (add-one smoothed), so no
+                   module has to learn token frequencies
 The learning-rate schedule is that of a --schedule_steps run (the study's
 300), so a short run sees the study's first steps exactly.
 
@@ -40,6 +44,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from layers.aux_heads import SequenceAuxHead
 from layers.transformer import TransformerBlock
 from tf_interlock import losses
 from tf_interlock import representation
@@ -48,7 +53,10 @@ from tf_interlock.trainer import InterlockTrainer
 from train import config as config_lib
 from train import setup_lib
 
-ABLATIONS = ("none", "block_norms_off", "head_norm_off", "norms_off")
+ABLATIONS = ("none", "block_norms_off", "head_norm_off", "norms_off",
+             "unigram_bias")
+# Training batches counted for the unigram_bias start.
+UNIGRAM_BATCHES = 100
 # Steps at which tables.md shows each run.
 TABLE_STEPS = (0, 10, 20, 30, 40, 60, 80, 100, 150, 200, 300)
 
@@ -106,6 +114,21 @@ def ablate_norms(module, ablation):
       block.norm2 = keras.layers.Identity(name="norm2_off")
   if ablation in ("head_norm_off", "norms_off"):
     module.aux_head.norm = keras.layers.Identity(name="norm_off")
+
+
+def heads(modules):
+  """Every `SequenceAuxHead`: the aux heads and module K's output head."""
+  found = [m.aux_head for m in modules if m.has_aux_head]
+  return found + [layer for layer in modules[-1].body.layers
+                  if isinstance(layer, SequenceAuxHead)]
+
+
+def unigram_log_probs(dataset, vocab_size, batches):
+  """log p(token), add-one smoothed, over `batches` (ids, labels) batches."""
+  counts = np.ones(vocab_size)
+  for _, labels in dataset.take(batches):
+    counts += np.bincount(labels.numpy().ravel(), minlength=vocab_size)
+  return np.log(counts / counts.sum())
 
 
 def own_cotangent(strategy, grads):
@@ -200,11 +223,17 @@ def run_one(base, spec, steps, schedule_steps, probe_every, out=print):
   if len(modules) < 3:
     raise ValueError(f"The probe needs K >= 3 modules (L_2 and L_K apart). "
                      f"Received: num_modules={len(modules)}")
-  ablate_norms(modules[1], ablation)
+  if ablation != "unigram_bias":
+    ablate_norms(modules[1], ablation)
   trainer = InterlockTrainer(
       modules, lambda k: setup_lib.make_optimizer(config, schedule_steps),
       config.strategy, variant=config.variant, steps_per_loop=1)
   trainer.build(next(iter(task.train.take(1)))[0])
+  if ablation == "unigram_bias":
+    log_probs = unigram_log_probs(task.train, task.num_classes,
+                                  UNIGRAM_BATCHES)
+    for head in heads(modules):
+      head.projection.bias.assign(log_probs)
   batch = next(iter(task.eval.take(1)))
   iterator = iter(trainer.distribute_dataset(task.train))
   probe = make_probe(modules)
@@ -230,8 +259,10 @@ def run_one(base, spec, steps, schedule_steps, probe_every, out=print):
   return records
 
 
-def run_name(spec, overrides):
-  return spec + "".join(f",{item}" for item in overrides)
+def run_name(spec, overrides, seed):
+  """The run's key in results.json: the spec, overrides, a seed but 0's."""
+  return spec + "".join(f",{item}" for item in overrides) + (
+      f",seed={seed}" if seed else "")
 
 
 def _cell(value):
@@ -319,7 +350,7 @@ def main(argv):
     raise app.UsageError(str(error)) from None
   base = dataclasses.replace(base, seed=_INIT_SEED.value, **overrides)
   for spec, _ in specs:
-    name = run_name(spec, _OVERRIDES.value)
+    name = run_name(spec, _OVERRIDES.value, _INIT_SEED.value)
     records = run_one(base, spec, _RUN_STEPS.value, _SCHEDULE_STEPS.value,
                       _PROBE_EVERY.value)
     command = (f"python -m train.collapse_probe --runs={spec} "
