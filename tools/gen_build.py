@@ -53,7 +53,7 @@ _VALID_SIZES = ("small", "medium", "large", "enormous")
 TEST_DATA = {
     "tests/test_install.py": ["pyproject.toml"],
     "tests/test_cluster_readme.py": ["README.md"],
-    "tests/test_readme.py": ["README.md"],
+    "tests/test_readme.py": ["README.md", "pyproject.toml"],
 }
 
 _HEADER = """\
