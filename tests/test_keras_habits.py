@@ -141,3 +141,25 @@ def test_unbatched_dataset_says_how_to_batch_it():
   one_hot = tf.data.Dataset.from_tensor_slices((x, np.eye(10)[y]))
   with pytest.raises(ValueError, match="batch the dataset"):
     model.fit(one_hot, verbose=0)
+
+
+def test_sample_weight_in_datasets_and_evaluate():
+  x, y = data()
+  w = np.random.default_rng(2).uniform(0, 2, size=len(x)).astype("float32")
+  arrays = compiled(strategy="local")
+  arrays.fit(x, y, sample_weight=w, batch_size=BATCH, shuffle=False,
+             verbose=0)
+  triples = compiled(strategy="local")
+  triples.fit(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(
+      BATCH, drop_remainder=True), verbose=0)
+  for a, b in zip(arrays.weights, triples.weights, strict=True):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6)
+  # evaluate weights each example's loss: mean(w * loss), as Keras does.
+  logs = arrays.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0,
+                         return_dict=True)
+  per_example = keras.losses.sparse_categorical_crossentropy(
+      y, arrays.predict(x, verbose=0), from_logits=True)
+  assert logs["loss"] == pytest.approx(float(np.mean(w * per_example)),
+                                       rel=1e-5)
+  with pytest.raises(ValueError, match="Received: len\\(sample_weight\\)=3"):
+    arrays.fit(x, y, sample_weight=w[:3], verbose=0)
