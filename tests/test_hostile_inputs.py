@@ -26,7 +26,6 @@ import pytest
 import tensorflow as tf
 
 from tests.binaries import ROOT, run_binary
-from tests.test_reliability import SYNTH, trained  # noqa: F401
 from tf_interlock import run_lock
 from tf_interlock.run_dir import RunDir
 from train import config as config_lib
@@ -34,6 +33,16 @@ from train import error_boundary
 from train import train_lib
 
 PARALLEL = 4
+SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
+         "--checkpoint_every_steps=10", "--eval_every_steps=10"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A run trained for 10 steps (ckpt-10 and its export); tests copy it."""
+  run = str(tmp_path_factory.mktemp("hostile") / "run")
+  run_binary("train.train", *SYNTH, "--train_steps=10", f"--model_dir={run}")
+  return run
 
 
 def _tree(root):
