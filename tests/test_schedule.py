@@ -190,3 +190,17 @@ def test_best_pipeline_is_the_fastest_microbatch_count():
       2, pytest.approx(4.0))
   with pytest.raises(ValueError, match="Received: microbatches=()"):
     schedule.best_pipeline(costs, ())
+
+
+def test_two_wise_is_at_best_half_of_e2e_for_four_equal_modules():
+  # The README's reading of the paper's shape: K = 4 equal modules, backward
+  # twice the forward, free aux heads: e2e is the chain F1..F4, BX4..BX2,
+  # BW1 = 4 + 6 + 2 = 12 units,
+  # 2-wise exactly half; any head cost makes it more than half.
+  free = [ModuleCost(1.0, 2.0, 2.0, 0.0)] * 4
+  assert schedule.simulate(free, "e2e", num_cores=4).step_time == 12.0
+  assert schedule.simulate(free, "2wise", num_cores=4).step_time == 6.0
+  heads = [ModuleCost(1.0, 2.0, 2.0, 0.5)] * 4
+  assert schedule.simulate(heads, "2wise", num_cores=4).step_time == 6.5
+  _, pipeline = schedule.best_pipeline(free, num_cores=4)
+  assert pipeline < 6.0
