@@ -47,7 +47,7 @@ def tf_config(ports, index, chief=False):
 
 
 def run_cluster(module, args_per_task, log_dir, timeout_s=600, chief=False,
-                cwd=ROOT):
+                cwd=ROOT, exit_codes=None):
   """Runs one process per entry of `args_per_task`; all must exit 0.
 
   Args:
@@ -58,6 +58,7 @@ def run_cluster(module, args_per_task, log_dir, timeout_s=600, chief=False,
       loaded 2-core machine two TF processes take minutes to start).
     chief: task 0 is the "chief" (else every task is a "worker").
     cwd: the working directory of every process.
+    exit_codes: per task, the exit code it must end with (default all 0).
 
   Returns:
     The logs' text, per task.
@@ -87,7 +88,9 @@ def run_cluster(module, args_per_task, log_dir, timeout_s=600, chief=False,
       text = logs[i].read_text(errors="replace")
       status = (f"was still running after {timeout_s} s"
                 if proc.returncode is None else f"exited {proc.returncode}")
-      assert proc.returncode == 0, f"task {i} {status}:\n{text[-3000:]}"
+      expected = exit_codes[i] if exit_codes else 0
+      assert proc.returncode == expected, (
+          f"task {i} {status}, not {expected}:\n{text[-3000:]}")
     return [log.read_text(errors="replace") for log in logs]
   finally:
     for proc in procs:

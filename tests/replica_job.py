@@ -4,7 +4,8 @@
 
 MODE "modules": replicas x modules (`tf_interlock.replicas.connect`), this
 process holds all K modules, module k on its logical CPU k. MODE "mirrored":
-`MultiWorkerMirroredStrategy` with placement "single". Every strategy named
+`MultiWorkerMirroredStrategy` with placement "single". MODE "dead_peer":
+as "modules", but replica 1 exits (code 3) once connected. Every strategy named
 is trained in turn (same seed, same data) and its weights and metrics are
 saved to OUT.npz as `{strategy}/w{i}` and `{strategy}/{metric}`.
 """
@@ -53,9 +54,14 @@ def train(strategy, distribute=None, placement=None, replicas=None):
 def main(out, mode, strategies):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tf_interlock import replicas as replicas_lib  # pylint: disable=g-import-not-at-top
-  if mode == "modules":
-    replicas, placement, _ = replicas_lib.connect(num_modules=K,
-                                                  timeout_s=300)
+  if mode in ("modules", "dead_peer"):
+    # dead_peer: replica 1 dies once connected; replica 0's first
+    # collective must then fail within its timeout instead of hanging.
+    replicas, placement, _ = replicas_lib.connect(
+        num_modules=K, timeout_s=300 if mode == "modules" else 20)
+    if mode == "dead_peer" and replicas.replica_id == 1:
+      print("replica_job dying", flush=True)
+      os._exit(3)  # pylint: disable=protected-access
     kwargs = dict(placement=placement, replicas=replicas)
   else:
     kwargs = dict(distribute=tf.distribute.MultiWorkerMirroredStrategy())

@@ -98,3 +98,16 @@ def test_train_binary_replicas_of_modules_only_the_chief_writes(
   # TF_CONFIG + placement=simulated: two hosts of K = 4 logical CPUs each.
   cluster_jobs.check_train_binary_equals_one_process(
       tmp_path, monkeypatch, "simulated")
+
+
+@pytest.mark.cluster
+def test_a_dead_replica_stops_the_other_instead_of_hanging(tmp_path):
+  logs = cluster_jobs.run_cluster(
+      "tests.replica_job",
+      [[tmp_path / f"task_{i}.npz", "dead_peer", "2wise"] for i in range(2)],
+      tmp_path, exit_codes=[1, 3])
+  assert "replica_job dying" in logs[1]
+  assert "replica_job done" not in logs[0]
+  assert not (tmp_path / "task_0.npz").exists()
+  # The collective is aborted with an error naming the dead task.
+  assert "UnavailableError" in logs[0] and "task:1" in logs[0]
