@@ -43,6 +43,18 @@ _OPTIMIZERS_ALLOWED = ("one keras.optimizers.Optimizer (cloned for every "
                        "k -> optimizer")
 
 
+def _add(a, b):
+  """a + b for two microbatches' gradients of one variable. An embedding's
+  gradient is an IndexedSlices, which has no +: the rows of both are kept
+  (indices may repeat; converting to a tensor, as optimizers do, sums
+  them)."""
+  if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                            tf.concat([a.indices, b.indices], 0),
+                            a.dense_shape)
+  return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
 def _split(structure, num):
   """Splits every tensor of `structure` into `num` equal parts on axis 0."""
   if num == 1:
@@ -290,7 +302,8 @@ class InterlockTrainer:
       if grads is None:
         grads, metrics = g, mets
       else:
-        grads = [[a + b for a, b in zip(ga, gb)] for ga, gb in zip(grads, g)]
+        grads = [[_add(a, b) for a, b in zip(ga, gb)]
+                 for ga, gb in zip(grads, g)]
         metrics = {key: metrics[key] + mets[key] for key in metrics}
     for k, opt in enumerate(self.optimizers):
       with self.placement.scope(k):
