@@ -115,6 +115,14 @@ def test_report_flags_the_cells_off_by_more_than_ten_percent():
   assert "- mlp 2x1 local: 1.25" in text
 
 
+def test_report_lists_failed_cells_apart():
+  predictions, measured = _results()
+  measured["cells"]["mlp/2x1/2wise"] = {"error": "train.benchmark failed"}
+  assert len(validation_report.rows(predictions, measured)) == 2
+  text = validation_report.render(predictions, measured)
+  assert "## Cells that failed\n\n- mlp/2x1/2wise: train.benchmark failed" in text
+
+
 def test_report_refuses_a_cell_without_prediction():
   predictions, measured = _results()
   measured["cells"]["mlp/2x1/2wise"] = measured["cells"]["mlp/2x1/e2e"]

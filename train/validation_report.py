@@ -12,8 +12,9 @@ _OPS = ("forward", "input VJP", "weight VJP", "aux", "update")
 
 
 def rows(predictions, measured):
-  """One dict per measured cell: network, plan, strategy, the predicted
-  and measured step seconds with their ranges, and model / measured.
+  """One dict per measured cell (failed cells left out): network, plan,
+  strategy, the predicted and measured step seconds with their ranges, and
+  model / measured.
 
   A cell without a prediction is an error in the grid, not a row.
 
@@ -22,6 +23,8 @@ def rows(predictions, measured):
   """
   out = []
   for cell, row in measured["cells"].items():
+    if "error" in row:
+      continue
     network, plan, strategy = cell.split("/")
     group = predictions["groups"].get(f"{network}/{plan}", {})
     predicted = group.get("cells", {}).get(strategy)
@@ -91,6 +94,11 @@ def render(predictions, measured):
           f"{_ms(r['measured_max_s'])}] | {r['ratio']:.2f}{flag} |")
     lines += ["", "Op costs, ms per full batch:", ""] + _cost_lines(group)
     lines.append("")
+  failed = {c: r["error"] for c, r in measured["cells"].items()
+            if "error" in r}
+  if failed:
+    lines += ["## Cells that failed", ""] + [
+        f"- {cell}: {error}" for cell, error in failed.items()] + [""]
   if off:
     lines += ["## Cells off by more than 10%", ""] + [
         f"- {r['network']} {r['plan']} {r['strategy']}: {r['ratio']:.2f}"
