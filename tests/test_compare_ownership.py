@@ -194,6 +194,25 @@ def test_restart_empties_only_an_unfinished_run_of_this_study(tmp_path):
   assert tree_digest(user) == before
 
 
+def test_restart_refuses_a_run_of_this_study_holding_a_user_file(tmp_path):
+  out_dir = str(tmp_path / "out")
+  run_dir = _our_run(out_dir)
+  owner = study_owner.study_owner(out_dir)
+  _write(os.path.join(run_dir, "train", "events.out.tfevents.1"), "x")
+  _write(os.path.join(run_dir, ".tmp-0123abcd-result.json"), "{")
+  _write(os.path.join(run_dir, "NOTES.txt"), "why this run matters\n")
+  before = tree_digest(run_dir)
+  with pytest.raises(ValueError, match=r"holds files that neither "
+                     r"train.train nor train.compare writes \(NOTES.txt\); "
+                     "nothing was changed"):
+    study_owner.prepare(out_dir, run_dir, owner, "e2e", 0)
+  assert tree_digest(run_dir) == before
+  # Without the user's file, what train.train and compare wrote goes.
+  os.remove(os.path.join(run_dir, "NOTES.txt"))
+  study_owner.prepare(out_dir, run_dir, owner, "e2e", 0)
+  assert os.listdir(run_dir) == [study_owner.RUN_MARKER]
+
+
 @pytest.mark.parametrize("text, problem", [
     ("{}", "lacks settings, seed, steps"),
     ("null", "is not a JSON object"),

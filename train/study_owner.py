@@ -21,6 +21,7 @@ refused, naming it, and its lock and checkpoints stay where they are.
 """
 
 import json
+import re
 import time
 import uuid
 
@@ -34,6 +35,13 @@ STUDY_MARKER = "compare_study.json"
 RUN_MARKER = "compare_run.json"
 # A run folder's state, as far as compare is concerned.
 NEW, FINISHED, UNFINISHED = "new", "finished", "unfinished"
+# What train.train (tf_interlock.run_dir's layout) and compare (study_lib's
+# RESULT_FILE, COSTS_FILE) write into a run folder: a restart deletes these
+# and refuses if anything else is there.
+_WRITTEN = frozenset((run_dir_lib.CONFIG, run_dir_lib.RUN_INFO,
+                      run_dir_lib.CHECKPOINTS, run_dir_lib.TRAIN_LOGS,
+                      run_dir_lib.EVAL_LOGS, run_dir_lib.EXPORT,
+                      "result.json", "module_costs.json"))
 _MOVE_AWAY = "nothing was changed: move it away or pick a new --out_dir"
 
 
@@ -181,12 +189,19 @@ def check_not_in_use(run_dir, break_lock=False):
   lock.release()
 
 
+def _ours(entry):
+  """Whether a run folder's `entry` is one train.train or compare writes."""
+  # Atomic writes go through ".tmp-<8 hex>-<name>" (run_dir, study_store).
+  return re.sub(r"^\.tmp-[0-9a-f]{8}-", "", entry) in _WRITTEN
+
+
 def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
   """Readies a run folder for train.train to start from scratch.
 
   Under the run's lock: a new folder gets this study's marker; an
-  unfinished run of this study is emptied, all but its marker (and the
-  lock, released on return).
+  unfinished run of this study is emptied of what train.train and compare
+  write (`_WRITTEN`), all but its marker (and the lock, released on
+  return); anything else there (a user's notes) is refused.
 
   Args:
     out_dir: the study's --out_dir (for messages).
@@ -195,8 +210,9 @@ def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
     break_lock: take over a lock although its holder looks alive.
 
   Raises:
-    ValueError: a live process holds the run, or the folder turned out not
-      to be this study's; nothing was deleted then.
+    ValueError: a live process holds the run, the folder turned out not
+      to be this study's, or it holds files neither train.train nor compare
+      writes; nothing was deleted then.
   """
   created = not tf.io.gfile.exists(run_dir)
   tf.io.gfile.makedirs(run_dir)
@@ -205,6 +221,14 @@ def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
     lock.acquire(break_lock=break_lock)
     entries = [e.rstrip("/") for e in tf.io.gfile.listdir(run_dir)]
     if _owns_run(run_dir, owner, strategy, seed):
+      foreign = sorted(e for e in entries
+                       if e not in (run_dir_lib.LOCK, RUN_MARKER)
+                       and not _ours(e))
+      if foreign:
+        raise ValueError(
+            f"{run_dir} holds files that neither train.train nor "
+            f"train.compare writes ({', '.join(foreign)}); {_MOVE_AWAY}. "
+            f"{_received(out_dir)}")
       for entry in entries:
         if entry not in (run_dir_lib.LOCK, RUN_MARKER):
           path = paths.join(run_dir, entry)
