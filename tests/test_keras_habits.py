@@ -129,6 +129,41 @@ def test_load_model_in_a_new_process_after_import_tf_interlock(tmp_path):
   assert proc.stdout.split() == ["InterlockModel", "local"]
 
 
+def test_import_registers_classes_and_raises_a_real_import_error(tmp_path):
+  # A program whose first import is a `layers` module (the circular case)
+  # imports tf_interlock without an error and has that module's classes
+  # registered; a missing dependency of a layer
+  # module (here blocked by a finder) is raised, not swallowed.
+  first_layers = (
+      "import layers.resnet\n"
+      "import keras, tf_interlock\n"
+      "for name in ('BasicBlock', 'InterlockModel'):\n"
+      "  print(keras.saving.get_registered_object('tf_interlock>' + name)"
+      ".__name__)\n")
+  missing = (
+      "import sys\n"
+      "class Block:\n"
+      "  def find_spec(self, name, path=None, target=None):\n"
+      "    if name == 'layers.transformer':\n"
+      "      raise ModuleNotFoundError(\"No module named 'fancy_dep'\","
+      " name='fancy_dep')\n"
+      "sys.meta_path.insert(0, Block())\n"
+      "try:\n"
+      "  import tf_interlock\n"
+      "except ImportError as e:\n"
+      "  print('raised', e.name)\n")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  procs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for code in (first_layers, missing)]
+  outs = [proc.communicate(timeout=300) for proc in procs]
+  for proc, (_, err) in zip(procs, outs):
+    assert proc.returncode == 0, err[-3000:]
+  assert outs[0][0].split() == ["BasicBlock", "InterlockModel"]
+  assert outs[1][0].split() == ["raised", "fancy_dep"]
+
+
 def test_unbatched_dataset_says_how_to_batch_it():
   x, y = data()
   model = compiled()
@@ -136,9 +171,15 @@ def test_unbatched_dataset_says_how_to_batch_it():
   with pytest.raises(ValueError, match=r"batch the dataset: "
                      r"\.batch\(N, drop_remainder=True\)\. Received"):
     model.fit(unbatched, verbose=0)
-  # Also once built, and with labels that are not scalars.
-  model.build(x.shape)
+  # Labels that are not scalars: one-hot, or one LM sequence per example
+  # (tokens and next tokens), on an unbuilt model; then once built.
   one_hot = tf.data.Dataset.from_tensor_slices((x, np.eye(10)[y]))
+  tokens = np.arange(4 * 6, dtype="int32").reshape(4, 6)
+  sequences = tf.data.Dataset.from_tensor_slices((tokens, tokens + 1))
+  for dataset in (one_hot, sequences):
+    with pytest.raises(ValueError, match="batch the dataset"):
+      compiled().fit(dataset, verbose=0)
+  model.build(x.shape)
   with pytest.raises(ValueError, match="batch the dataset"):
     model.fit(one_hot, verbose=0)
 

@@ -20,6 +20,8 @@ the aux heads and the ready-made ResNet and Transformer blocks), so
 `keras.models.load_model` works after `import tf_interlock` alone.
 """
 
+import sys
+
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement
 from tf_interlock.keras_model import InterlockModel
@@ -35,15 +37,22 @@ def _register_layer_classes():
   import is a `layers` module, this package is initialised in the middle of
   that import and the layer modules cannot be imported yet (Python raises
   ImportError for the half-initialised module). They then register their
-  classes themselves as the program's own import completes.
+  classes themselves as the program's own import completes. Any other
+  ImportError (a missing dependency, another project's `layers` package
+  ahead of ours on sys.path) is raised: swallowing it would leave the
+  classes unregistered and `load_model` failing far from the cause.
   """
   try:
     # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
     import layers.aux_heads  # noqa: F401
     import layers.resnet  # noqa: F401
     import layers.transformer  # noqa: F401
-  except ImportError:
-    pass
+  except ImportError as error:
+    # The circular case only: the module it names is still being imported
+    # (importlib marks its spec `_initializing` until the import returns).
+    module = sys.modules.get(error.name or "")
+    if not getattr(getattr(module, "__spec__", None), "_initializing", False):
+      raise
 
 
 _register_layer_classes()

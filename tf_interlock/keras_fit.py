@@ -200,10 +200,16 @@ def _check_batches(dataset, input_shape):
                      f"Received: element_spec={spec!r}")
   features = tf.nest.flatten(spec[0])[0].shape
   labels = tf.nest.flatten(spec[1])[0].shape
-  # One example's label is a scalar (class id); a batch's has a batch axis.
-  # A built model also knows the rank of a batch of inputs.
-  if labels.rank == 0 or (input_shape is not None and
-                          features.rank == len(input_shape) - 1):
+  # A batch of inputs is at least (batch, feature) and a batch of labels
+  # has a batch axis, which the two share: a scalar label, features of rank
+  # < 2 (one LM sequence of tokens) or static leading sizes that differ
+  # (one image (H, W, C) against its one-hot label (classes,)) are one
+  # example. A built model also knows the rank of a batch of inputs.
+  leading = (features[0] if features.rank else None,
+             labels[0] if labels.rank else None)
+  if (labels.rank == 0 or features.rank < 2 or
+      (None not in leading and leading[0] != leading[1]) or
+      (input_shape is not None and features.rank == len(input_shape) - 1)):
     raise ValueError(
         f"fit needs a batched dataset; batch the dataset: "
         f".batch(N, drop_remainder=True). Received: unbatched features "
