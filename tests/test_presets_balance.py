@@ -10,6 +10,7 @@ from tf_interlock import partition
 from tf_interlock import profiling
 from tf_interlock.schedule import ModuleCost
 from train.presets import fashion_mnist_resnet
+from train.presets import fortunes_lm_paper_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BALANCE = os.path.join(ROOT, "docs", "results", "balance")
@@ -65,6 +66,7 @@ def test_projection_against_the_pipeline():
 
 @pytest.mark.parametrize("preset,artifact", [
     (fashion_mnist_resnet, "fashion_mnist_resnet.json"),
+    (fortunes_lm_paper_shape, "fortunes_lm_paper_shape.json"),
 ])
 def test_preset_split_is_the_measured_balance(preset, artifact):
   with open(os.path.join(BALANCE, artifact)) as f:
