@@ -51,6 +51,7 @@ from tf_interlock import representation
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
 from train import config as config_lib
+from train import error_boundary
 from train import setup_lib
 
 ABLATIONS = ("none", "block_norms_off", "head_norm_off", "norms_off",
@@ -75,6 +76,9 @@ _OVERRIDES = flags.DEFINE_list(
     "learning_rate=0.1; the run's name gets them as a suffix.")
 _REPORT_DIR = flags.DEFINE_string("report_dir", "runs/lm_collapse",
                                   "Where results.json and tables.md go.")
+# What this binary writes first: how its report is told from another's.
+_COMMAND = "python -m train.collapse_probe"
+_TABLES_HEADER = "# Module 1 per step (written by train.collapse_probe)"
 
 
 def parse_run(spec):
@@ -308,19 +312,60 @@ def weight_table(records, top=6):
   return lines
 
 
+def _is_probe_run(run):
+  """Whether `run` is an entry this binary wrote into results.json."""
+  return (isinstance(run, dict) and
+          {"command", "probe_every", "records"} <= set(run) and
+          str(run["command"]).startswith(_COMMAND))
+
+
+def read_report(report_dir):
+  """The runs in report_dir/results.json ({} if none), refusing others'.
+
+  Raises:
+    ValueError: results.json or tables.md there was not written by this
+      binary (another tool's report): nothing is written over it.
+  """
+  path = os.path.join(report_dir, "results.json")
+  tables = os.path.join(report_dir, "tables.md")
+  runs = {}
+  if tf.io.gfile.exists(path):
+    try:
+      with tf.io.gfile.GFile(path) as f:
+        runs = json.load(f)
+    except json.JSONDecodeError:
+      runs = None
+    if not isinstance(runs, dict) or not all(
+        _is_probe_run(run) for run in runs.values()):
+      raise ValueError(
+          f"--report_dir holds a results.json that train.collapse_probe did "
+          f"not write ({path}); pick another --report_dir, nothing was "
+          f"changed. Received: report_dir={report_dir}")
+  if tf.io.gfile.exists(tables):
+    with tf.io.gfile.GFile(tables) as f:
+      head = f.read(len(_TABLES_HEADER))
+    if head != _TABLES_HEADER:
+      raise ValueError(
+          f"--report_dir holds a tables.md that train.collapse_probe did "
+          f"not write ({tables}); pick another --report_dir, nothing was "
+          f"changed. Received: report_dir={report_dir}")
+  return runs
+
+
 def write_outputs(report_dir, results):
-  """Merges `results` (name -> run) into results.json; rewrites tables.md."""
+  """Merges `results` (name -> run) into results.json; rewrites tables.md.
+
+  Raises:
+    ValueError: report_dir holds another tool's outputs (`read_report`).
+  """
+  merged = read_report(report_dir)
   tf.io.gfile.makedirs(report_dir)
   path = os.path.join(report_dir, "results.json")
-  merged = {}
-  if tf.io.gfile.exists(path):
-    with tf.io.gfile.GFile(path) as f:
-      merged = json.load(f)
   merged.update(results)
   with tf.io.gfile.GFile(path + ".tmp", "w") as f:
     json.dump(merged, f, indent=1)
   tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-  lines = ["# Module 1 per step (written by train.collapse_probe)", "",
+  lines = [_TABLES_HEADER, "",
            "own: the cotangent that trains module 1 under the run's "
            "strategy. Probe: one fixed validation batch.", ""]
   for name, run in merged.items():
@@ -331,6 +376,7 @@ def write_outputs(report_dir, results):
     f.write("\n".join(lines))
 
 
+@error_boundary.guard()
 def main(argv):
   del argv
   base = config_lib.load_preset(_LM_PRESET.value)
@@ -349,11 +395,12 @@ def main(argv):
   except ValueError as error:
     raise app.UsageError(str(error)) from None
   base = dataclasses.replace(base, seed=_INIT_SEED.value, **overrides)
+  read_report(_REPORT_DIR.value)  # refuses another tool's report up front
   for spec, _ in specs:
     name = run_name(spec, _OVERRIDES.value, _INIT_SEED.value)
     records = run_one(base, spec, _RUN_STEPS.value, _SCHEDULE_STEPS.value,
                       _PROBE_EVERY.value)
-    command = (f"python -m train.collapse_probe --runs={spec} "
+    command = (f"{_COMMAND} --runs={spec} "
                f"--lm_preset={_LM_PRESET.value} --run_steps={_RUN_STEPS.value} "
                f"--schedule_steps={_SCHEDULE_STEPS.value} "
                f"--probe_every={_PROBE_EVERY.value} "
