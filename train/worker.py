@@ -78,6 +78,9 @@ def check_address(address, task):
                       f"Received: cluster entry {address}") from None
   family, _, _, _, sockaddr = infos[0]
   with socket.socket(family, socket.SOCK_STREAM) as probe:
+    # As gRPC does: connections of a worker that died on this port linger
+    # in TIME_WAIT and must not count as "in use"; a listener does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
       probe.bind(sockaddr)
     except OSError as e:
