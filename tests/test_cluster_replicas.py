@@ -50,6 +50,21 @@ def test_one_replica_changes_nothing():
   assert replicas.shard(dataset) is dataset
 
 
+def test_instance_keys_count_per_module_not_per_process():
+  # Module k's n-th collective has the same key whatever other modules
+  # traced in between (a global count would shift it), and keys never
+  # repeat in one process.
+  keys = replicas_lib._instance_key  # pylint: disable=protected-access
+  first = {k: keys(k) for k in (0, 1)}
+  for _ in range(3):
+    keys(0)
+  second = keys(1)
+  assert second == first[1] + 1
+  assert keys(0) == first[0] + 4
+  assert len({first[0], first[1], second}) == 3
+  assert all(key < 2**31 for key in (first[0], first[1], second))
+
+
 def test_shard_gives_each_replica_its_rows():
   dataset = tf.data.Dataset.from_tensor_slices(
       (tf.range(16), tf.range(16) * 10)).batch(8, drop_remainder=True)

@@ -73,14 +73,38 @@ def test_a_worker_removes_only_its_own_new_dir(monkeypatch, tmp_path):
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
   _task(monkeypatch, "worker", 1)
   own, _ = multi_worker.task_config(_config())
+  # A new private folder (mkdtemp), not a name derived from the pid.
   assert os.path.dirname(own.model_dir) == str(tmp_path)
+  assert os.listdir(own.model_dir) == []
+  assert os.stat(own.model_dir).st_mode & 0o777 == 0o700
+  assert str(os.getpid()) not in os.path.basename(own.model_dir)
+  assert multi_worker.task_config(_config())[0].model_dir != own.model_dir
   os.makedirs(os.path.join(own.model_dir, "checkpoints"))
-  multi_worker.remove_own_dir(own, created=False)  # not made by this run
-  assert os.path.isdir(own.model_dir)
+  # A folder of the same pattern that task_config did not make stays.
+  other = tmp_path / "tf_interlock_task_worker_1_12345"
+  os.makedirs(other / "checkpoints")
+  multi_worker.remove_own_dir(
+      dataclasses.replace(own, model_dir=str(other)), created=True)
+  assert os.path.isdir(other / "checkpoints")
   multi_worker.remove_own_dir(_config(model_dir=str(tmp_path)), created=True)
   assert os.path.isdir(tmp_path)  # not a task directory
-  multi_worker.remove_own_dir(own, created=True)
+  multi_worker.remove_own_dir(own, created=False)
   assert not os.path.exists(own.model_dir)
+
+
+def test_join_gives_the_collectives_the_cluster_timeout(monkeypatch):
+  # What join hands replicas.connect (joining for real needs processes:
+  # test_cluster_replicas.py); a stub records the call.
+  calls = []
+  monkeypatch.setattr(multi_worker.replicas_lib, "connect",
+                      lambda **kwargs: calls.append(kwargs) or kwargs)
+  multi_worker._join.cache_clear()  # pylint: disable=protected-access
+  _task(monkeypatch, "worker", 1)
+  config = dataclasses.replace(_config(placement="simulated"),
+                               cluster_timeout_s=7.5)
+  multi_worker.join(config)
+  multi_worker._join.cache_clear()  # pylint: disable=protected-access
+  assert calls[0]["timeout_s"] == 7.5
 
 
 def test_a_checkpoint_in_model_dir_is_refused(monkeypatch, tmp_path):

@@ -27,6 +27,7 @@ this: run `InterlockTrainer` under the MultiWorkerMirroredStrategy itself
 with placement "single".
 """
 
+import collections
 import itertools
 
 import tensorflow as tf
@@ -37,10 +38,24 @@ from tf_interlock import placement as placement_lib
 # Group and instance keys of our collectives, far from those that
 # MultiWorkerMirroredStrategy hands out (it counts from 1).
 _GROUP_KEY_BASE = 1_000_000
-# Instance keys are unique per process; every process traces the same
-# functions in the same order, so the n-th collective gets the same key on
-# every process (this is how collectives find their peers).
-_INSTANCE_KEYS = itertools.count(2_000_000)
+# Instance keys: module k's n-th traced collective in this process gets
+# 2_000_000 + k * _KEYS_PER_MODULE + n. Every process traces module k's
+# step the same number of times in the same order, so the key matches on
+# every process (this is how collectives find their peers), whatever the
+# other modules traced; unique per process, so two trainers in one process
+# never share a key. A count per module, not one for the whole process.
+_INSTANCE_KEY_BASE = 2_000_000
+_KEYS_PER_MODULE = 100_000
+_INSTANCE_KEYS = collections.defaultdict(itertools.count)
+
+
+def _instance_key(k):
+  """The next instance key of module k's collective group."""
+  n = next(_INSTANCE_KEYS[k])
+  if n >= _KEYS_PER_MODULE:
+    raise ValueError(f"module {k} traced more than {_KEYS_PER_MODULE} "
+                     f"collectives in one process. Received: traces={n + 1}")
+  return _INSTANCE_KEY_BASE + k * _KEYS_PER_MODULE + n
 
 DEVICE_TYPES = {"simulated": "CPU", "gpu": "GPU"}
 
@@ -104,7 +119,7 @@ class CollectiveReplicas:
                       for t in tensors], axis=0)
     summed = tf.raw_ops.CollectiveReduceV2(
         input=flat, group_size=self.num_replicas,
-        group_key=_GROUP_KEY_BASE + k, instance_key=next(_INSTANCE_KEYS),
+        group_key=_GROUP_KEY_BASE + k, instance_key=_instance_key(k),
         ordering_token=[], merge_op="Add", final_op="Id",
         communication_hint="ring",
         timeout_seconds=float(self.timeout_s or 0))

@@ -20,6 +20,7 @@ one machine, any path). placement=tpu and cluster ignore TF_CONFIG's task:
 there one client drives every host.
 """
 
+import atexit
 import dataclasses
 import functools
 import json
@@ -31,6 +32,8 @@ import tensorflow as tf
 from tf_interlock import replicas as replicas_lib
 
 _TEMP_PREFIX = "tf_interlock_task_"
+# The non-chief model_dirs `task_config` made in this process.
+_OWN_DIRS = set()
 
 
 def _tf_config():
@@ -66,10 +69,11 @@ def is_chief(config):
 
 
 @functools.lru_cache(maxsize=1)
-def _join(kind, num_modules, intra_op_threads):
+def _join(kind, num_modules, intra_op_threads, timeout_s):
   if kind == "mirrored":
     return None, None, tf.distribute.MultiWorkerMirroredStrategy()
   return replicas_lib.connect(num_modules=num_modules, kind=kind,
+                              timeout_s=timeout_s,
                               intra_op_threads=intra_op_threads)
 
 
@@ -84,8 +88,11 @@ def join(config, intra_op_threads=1):
   if how is None:
     return None
   kind = "mirrored" if how == "mirrored" else config.placement
+  # A collective waits --cluster_timeout_s for its peers: a dead peer then
+  # fails the step instead of hanging every other task.
   return _join(kind, config.num_modules,
-               intra_op_threads if kind == "simulated" else 1)
+               intra_op_threads if kind == "simulated" else 1,
+               config.cluster_timeout_s)
 
 
 def task_config(config):
@@ -93,15 +100,20 @@ def task_config(config):
 
   Returns:
     `(config, shared_model_dir)`: for a non-chief, model_dir is a new
-    temporary path (not created yet), export_dir None, and
+    empty temporary folder (`tempfile.mkdtemp`, removed by
+    `remove_own_dir`), export_dir None, and
     shared_model_dir the chief's --model_dir to resume from; otherwise
     `(config, None)`.
   """
   if is_chief(config):
     return config, None
   task = _tf_config()["task"]
-  own = os.path.join(tempfile.gettempdir(), f"{_TEMP_PREFIX}{task['type']}_"
-                     f"{task.get('index', 0)}_{os.getpid()}")
+  # A new folder of a name no one can guess or hold (not a pid's name).
+  own = tempfile.mkdtemp(
+      prefix=f"{_TEMP_PREFIX}{task['type']}_{task.get('index', 0)}_")
+  _OWN_DIRS.add(own)
+  # Left empty by a run that failed before training: removed at exit.
+  atexit.register(_remove_if_empty, own)
   return dataclasses.replace(config, model_dir=own,
                              export_dir=None), config.model_dir
 
@@ -141,9 +153,23 @@ def input_position(config, iterator):
   return {} if mode(config) == "mirrored" else {"iterator": iterator}
 
 
-def remove_own_dir(config, created):
-  """Removes a non-chief's temporary model_dir, which this run made."""
-  if (created and not is_chief(config) and
-      os.path.basename(config.model_dir).startswith(_TEMP_PREFIX) and
+def _remove_if_empty(path):
+  try:
+    os.rmdir(path)
+  except OSError:
+    pass  # gone already, or it holds files: remove_own_dir's to decide
+
+
+def remove_own_dir(config, created=None):
+  """Removes a non-chief's temporary model_dir, which this run made.
+
+  Args:
+    config: the task's config (`task_config`).
+    created: unused: `task_config` creates the folder and records it; only
+      a folder it made in this process is removed.
+  """
+  del created
+  if (config.model_dir in _OWN_DIRS and not is_chief(config) and
       tf.io.gfile.exists(config.model_dir)):
     tf.io.gfile.rmtree(config.model_dir)
+    _OWN_DIRS.discard(config.model_dir)
