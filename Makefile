@@ -56,7 +56,7 @@ benchmark: setup
 # K = 2 modules on two train.worker processes of one core each vs one
 # simulated process (train/cluster_benchmark.py; starts and stops the workers).
 cluster-benchmark: setup
-	$(PYTHON) -m train.cluster_benchmark --out_dir=docs/results/cluster
+	$(PYTHON) -m train.cluster_benchmark --model=mlp --num_workers=2
 
 # oneDNN off vs on per preset (op costs in separate processes, and each
 # strategy's step time through the schedule model).

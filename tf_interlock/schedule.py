@@ -20,8 +20,17 @@ the training engine executes (keys lo come from `routing.make_plan`):
 * U_k(t): the optimizer update; needs every BX_k and BW_k of the step, since
   they read theta_k before it is overwritten.
 
+* T_k(t,m) / TB_k(t,m): the transfer of h_k from module k's process to
+  module k + 1's (after F_k, before F_{k+1}), and of a cotangent back from
+  module k + 1 to module k (after each BX_{k+1}^lo, before its users). Only
+  where the two modules sit on different processes (`transfers` given and
+  different devices); a transfer holds no device and no core: it is a pure
+  delay on the edge, latency + bytes / bandwidth, measured by
+  `transfer.probe_crossing`.
+
 Costs are per full batch: a microbatch op costs value / M, an update costs
-its value once per step. Whenever a device and a core are free, the ready op
+its value once per step; a transfer costs latency + full-batch bytes time / M
+(the latency is paid once per crossing, whatever the size). Whenever a device and a core are free, the ready op
 with the highest priority starts: earliest step, earliest microbatch (U after
 all microbatches), backward-type ops before forwards, higher module first.
 
@@ -43,7 +52,9 @@ from tf_interlock import strategy as strategy_lib
 # Tie-break order of op kinds within one (step, microbatch, module): input
 # VJPs first (they unblock the module below), then the aux head, the weight
 # VJP, and forwards last. U is ordered by its microbatch slot M instead.
-_RANK = {"BX": 0, "A": 1, "BW": 2, "U": 2, "F": 3}
+_RANK = {"BX": 0, "TB": 0, "A": 1, "BW": 2, "U": 2, "F": 3, "T": 3}
+# Transfer kinds: a delay on an edge between processes (no device, no core).
+_TRANSFER = ("T", "TB")
 
 
 def thread_speedup(threads, efficiency):
@@ -75,6 +86,23 @@ class ModuleCost:
   weight_vjp: float
   aux: float = 0.0
   update: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferCost:
+  """Time to move one full-batch activation (or its cotangent) across the
+  boundary between two processes: latency + bytes / bandwidth, in seconds.
+
+  Attributes:
+    latency: the fixed cost of one crossing, paid by every microbatch.
+    transfer: bytes / bandwidth for the full batch; a microbatch moves 1/M.
+  """
+  latency: float
+  transfer: float
+
+  def crossing(self, num_microbatches):
+    """Seconds for one crossing of one of `num_microbatches` microbatches."""
+    return self.latency + self.transfer / num_microbatches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +159,12 @@ def _check_costs(costs):
             f"Received: costs[{k}].{field.name}={value!r}")
 
 
-def _step_template(plan, costs, has_aux, num_microbatches):
-  """Builds the ops of one step, each after all of its deps."""
+def _step_template(plan, costs, has_aux, num_microbatches, crossings=None):
+  """Builds the ops of one step, each after all of its deps.
+
+  crossings[k]: the seconds one microbatch's h_k (or its cotangent) takes
+  to cross from module k to k + 1 (or back); 0 = same process, no op.
+  """
   num_modules, m_count = plan.num_modules, num_microbatches
   ops, index = [], {}
 
@@ -142,24 +174,33 @@ def _step_template(plan, costs, has_aux, num_microbatches):
         f"@m{m}" if m_count > 1 and kind != "U" else "")
     ops.append(_Op(f"{kind}{k}{suffix}", kind, k, m, key, cost, tuple(deps)))
 
+  crossings = crossings or [0.0] * num_modules
+
   def cotangent(k, m, lo):
-    # The ops producing stream lo's cotangent at h_k.
+    # The ops producing stream lo's cotangent at h_k (after its transfer).
     deps = []
     if k + 1 < num_modules and lo in plan.vjp_keys[k + 1]:
-      deps.append(index["BX", k + 1, m, lo])
+      deps.append(index.get(("TB", k, m, lo), index["BX", k + 1, m, lo]))
     if plan.loss_low[k] == lo:
       deps.append(index["A" if k < num_modules - 1 else "F", k, m, -1])
     return deps
 
   for m in range(m_count):
     for k in range(num_modules):
-      add("F", k, m, costs[k].forward / m_count,
-          [index["F", k - 1, m, -1]] if k else [])
+      before = []
+      if k and crossings[k - 1]:  # h_{k-1} crosses into module k's process.
+        add("T", k - 1, m, crossings[k - 1], [index["F", k - 1, m, -1]])
+        before = [index["T", k - 1, m, -1]]
+      elif k:
+        before = [index["F", k - 1, m, -1]]
+      add("F", k, m, costs[k].forward / m_count, before)
       if k < num_modules - 1 and has_aux[k]:
         add("A", k, m, costs[k].aux / m_count, [index["F", k, m, -1]])
     for k in reversed(range(num_modules)):
       for lo in plan.vjp_keys[k]:
         add("BX", k, m, costs[k].input_vjp / m_count, cotangent(k, m, lo), lo)
+        if crossings[k - 1]:  # The cotangent crosses back to module k - 1.
+          add("TB", k - 1, m, crossings[k - 1], [index["BX", k, m, lo]], lo)
       if plan.weight_keys[k]:
         deps = {d for lo in plan.weight_keys[k] for d in cotangent(k, m, lo)}
         add("BW", k, m, costs[k].weight_vjp / m_count, sorted(deps))
@@ -223,14 +264,18 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps):
     t, i = divmod(op_id, size)
     op = template[i]
     ready_at[op_id], ready_by[op_id] = now, by
+    if op.kind in _TRANSFER:  # A delay on the edge: starts at once.
+      start[op_id], blocker[op_id] = now, by
+      heapq.heappush(events, (now + op.cost, op_id))
+      return
     priority = (t, op.microbatch, _RANK[op.kind], -op.module, op.key)
     heapq.heappush(queues[device_of[op.module]], (priority, op_id))
 
+  events, free_devices, free_cores = [], set(range(num_devices)), num_cores
+  start, finish, blocker = {}, {}, {}
   for i, op in enumerate(template):
     if not op.deps:
       release(i, 0.0, None)
-  events, free_devices, free_cores = [], set(range(num_devices)), num_cores
-  start, finish, blocker = {}, {}, {}
   last_on_device, last_done, now = [None] * num_devices, None, 0.0
   while True:
     while free_cores >= threads:  # Start the best ready op on a free device.
@@ -257,10 +302,12 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps):
     while events and events[0][0] == now:  # Retire every op ending now.
       _, op_id = heapq.heappop(events)
       t, i = divmod(op_id, size)
-      k = device_of[template[i].module]
-      finish[op_id], last_on_device[k], last_done = now, op_id, op_id
-      free_devices.add(k)
-      free_cores += threads
+      finish[op_id] = now
+      if template[i].kind not in _TRANSFER:
+        k = device_of[template[i].module]
+        last_on_device[k], last_done = op_id, op_id
+        free_devices.add(k)
+        free_cores += threads
       nexts = [t * size + j for j in successors[i]]
       if template[i].kind == "U" and t + 1 < num_steps:
         nexts += [(t + 1) * size + j for j in forwards[template[i].module]]
@@ -286,7 +333,8 @@ def _check_devices(module_devices, num_modules):
 
 def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
              num_cores=None, num_steps=48, has_aux=None, threads_per_device=1,
-             module_devices=None, thread_efficiency=1.0) -> ScheduleResult:
+             module_devices=None, thread_efficiency=1.0,
+             transfers=None) -> ScheduleResult:
   """Simulates `num_steps` training steps and measures the steady state.
 
   Another num_steps // 2 steps run after them, so that the measured second
@@ -304,6 +352,9 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
     module_devices: per module, the index of its device (default: module k
       on device k); one device runs one op at a time.
     thread_efficiency: e of `thread_speedup`.
+    transfers: K - 1 `TransferCost`s, transfers[k] for the boundary between
+      modules k and k + 1, charged where the two modules are on different
+      devices (processes); None: no transfer cost anywhere (one process).
 
   Returns:
     A `ScheduleResult` (utilization and device_load per device).
@@ -328,7 +379,17 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
     costs = [ModuleCost(*(getattr(c, f.name) / speedup
                           for f in dataclasses.fields(ModuleCost)))
              for c in costs]
-  template = _step_template(plan, costs, has_aux, num_microbatches)
+  crossings = None
+  if transfers is not None:
+    if len(transfers) != num_modules - 1:
+      raise ValueError(
+          f"transfers needs one TransferCost per module boundary "
+          f"({num_modules - 1}). Received: transfers={transfers!r}")
+    crossings = [t.crossing(num_microbatches)
+                 if device_of[k] != device_of[k + 1] else 0.0
+                 for k, t in enumerate(transfers)]
+  template = _step_template(plan, costs, has_aux, num_microbatches,
+                            crossings)
   size = len(template)
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
@@ -340,6 +401,8 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   low, high = done[-1] - span, done[-1]
   busy = [0.0] * num_devices
   for op_id, began in start.items():
+    if template[op_id % size].kind in _TRANSFER:
+      continue
     overlap = min(finish[op_id], high) - max(began, low)
     if overlap > 0:
       busy[device_of[template[op_id % size].module]] += overlap
@@ -356,7 +419,8 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       step_time=span / steps,
       utilization=tuple(b / span if span else 0.0 for b in busy),
       device_load=tuple(sum(op.cost for op in template
-                            if device_of[op.module] == d)
+                            if device_of[op.module] == d and
+                            op.kind not in _TRANSFER)
                         for d in range(num_devices)),
       critical_ops=tuple(reversed(chain)), num_cores=num_cores,
       threads_per_device=threads_per_device)

@@ -1,27 +1,34 @@
-r"""Step times with one worker process per module vs one simulated process.
+r"""Measured vs predicted step times: one worker process per module.
 
-  python -m train.cluster_benchmark --out_dir=docs/results/cluster
+  python -m train.cluster_benchmark --model=mlp --num_workers=2
+  # -> docs/results/cluster/mlp_k2/{profile,predictions,results}.json,
+  #    report.md
 
-The MLP benchmark network (`train.benchmark_lib.Spec`: width 1024, batch
-512, 16 steps per tf.function call) at K modules, each strategy timed twice,
-each time in processes of its own:
+For the MLP benchmark network (`benchmark_lib.Spec`: width 1024, batch 512)
+or the Fashion-MNIST ResNet-20 (the `fashion_mnist_resnet` network: 28x28x1,
+batch 128, "pool" aux heads) at K = --num_workers modules:
 
-* cluster: K `train.worker` processes on 127.0.0.1, each with one intra-op
-  and one inter-op thread (one core per module, for real: separate
-  processes, separate thread pools, activations and cotangents crossing
-  between them through TF's gRPC runtime), driven by one client process
-  (placement=cluster) that also feeds the batches to worker 0;
-* simulated: one process with K logical CPU devices, one intra-op thread and
-  K inter-op threads (placement=simulated, the project's usual setting).
+1. profile (a process of its own, before anything is timed): every op of
+   every module on one intra-op thread (`profiling.measure_module_costs`),
+   and the bytes of each module's output activation;
+2. K `train.worker` processes on 127.0.0.1 (1 intra-op, 1 inter-op thread
+   each) and one client (placement=cluster): the client first probes the
+   link (`transfer.probe_crossing`, worker 0 <-> worker 1, a tensor of h_0's
+   shape), then writes predictions.json (the schedule model's ms/step for
+   every cell, cluster with the transfer ops, simulated without), and only
+   then times each cell;
+3. simulated: one process, K logical CPUs, 1 intra-op and K inter-op
+   threads, times the same cells.
 
-Both use `benchmark_lib.run_strategy`: 2 warm-up calls, then the median of
---steps calls, divided by steps per call. The ratio cluster / simulated is
-the price of real processes and transfers. One command writes report.md and
-results.json; the workers it starts are stopped on the way out.
+Timing is `benchmark_lib.run_strategy`'s: 2 warm-up calls, the median of
+--steps calls of steps_per_loop steps. The workers are stopped in a finally,
+also when one fails to start. The output folder must not hold files this
+tool did not write (a `.written_by_cluster_benchmark` marker says it did).
 """
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -30,37 +37,111 @@ from train import runtime_env  # noqa: F401  (before TensorFlow)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-_ROLE = flags.DEFINE_enum("role", "parent", ["parent", "cluster",
+from train import error_boundary  # noqa: E402
+
+_ROLE = flags.DEFINE_enum("role", "parent", ["parent", "profile", "cluster",
                                              "simulated"],
-                          "parent starts the workers and both children.")
-_OUT = flags.DEFINE_string("out_dir", "docs/results/cluster",
-                           "Where report.md and results.json go.")
-_K = flags.DEFINE_integer("num_modules", 2, "K: modules and workers.")
+                          "parent runs the others, in processes of their own.")
+_OUT = flags.DEFINE_string(
+    "out_dir", None, "Output folder; default docs/results/cluster/MODEL_kK.")
+_MODEL = flags.DEFINE_string("model", "mlp", "mlp or resnet.")
+_K = flags.DEFINE_integer("num_workers", 2,
+                          "K: modules and worker processes (2 or 4).")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "local", "2wise", "e2e-m2", "e2e-m4", "e2e-m8"],
-    "Strategies; NAME-mM: NAME with M microbatches per step.")
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per strategy.")
+    "Cells; NAME-mM: NAME with M microbatches per step.")
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per cell.")
+_LOOP = flags.DEFINE_integer("steps_per_loop", 16, "Steps per timed call.")
 _CLUSTER = flags.DEFINE_string("cluster", None, "role=cluster: workers.")
+_PROFILE = flags.DEFINE_string("profile", None, "role=cluster: profile.json.")
+
+_MARKER = ".written_by_cluster_benchmark"
+_FILES = ("profile.json", "predictions.json", "results.json", "report.md")
 
 
 def _spec():
-  from train import benchmark_lib  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from train import benchmark_lib
+  if _MODEL.value == "resnet":
+    return benchmark_lib.Spec(
+        model="resnet", preset="resnet20", image_size=28, channels=1,
+        resnet_aux_head="pool", batch_size=128, num_modules=_K.value,
+        steps=_STEPS.value, steps_per_loop=_LOOP.value)
   return benchmark_lib.Spec(model="mlp", num_modules=_K.value,
-                            steps=_STEPS.value)
+                            steps=_STEPS.value, steps_per_loop=_LOOP.value)
+
+
+def _cores(k):
+  return min(k, os.cpu_count() or 1)
+
+
+def profile():
+  """Op costs (one intra-op thread) and activation bytes: one JSON line."""
+  # pylint: disable=import-outside-toplevel
+  from tf_interlock import placement as placement_lib
+  from tf_interlock import profiling
+  from train import benchmark_lib
+  k, spec = _K.value, _spec()
+  placement_lib.configure_simulated_devices(k, intra_op_threads=1,
+                                            inter_op_threads=k)
+  trainer = benchmark_lib.build_trainer(
+      spec, "e2e", placement_lib.make_placement("simulated", k))
+  x, y = benchmark_lib.make_batch(spec)
+  costs = profiling.measure_module_costs(trainer, x, y)
+  h, shapes = x, []
+  for module in trainer.modules[:-1]:
+    h = module.body(h, training=False)
+    shapes.append([int(d) for d in h.shape])
+  print(json.dumps({"costs_ms": benchmark_lib.costs_ms(costs),
+                    "boundary_shapes": shapes}), flush=True)
+
+
+def predictions(prof, link):
+  """ms/step per cell: cluster (transfer ops) and simulated (none)."""
+  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  from tf_interlock import schedule
+  from tf_interlock import transfer
+  from train import benchmark_lib
+  costs = benchmark_lib.costs_from_ms(prof["costs_ms"])
+  sizes = [4 * int(np.prod(s)) for s in prof["boundary_shapes"]]
+  transfers = transfer.transfer_costs(link, sizes)
+  out = {}
+  for name in _STRATEGIES.value:
+    strategy, m = benchmark_lib.parse_cell(name)
+    kwargs = dict(num_microbatches=m, num_cores=_cores(_K.value))
+    out[name] = {
+        "cluster": 1e3 * schedule.simulate(costs, strategy, transfers=transfers,
+                                           **kwargs).step_time,
+        "simulated": 1e3 * schedule.simulate(costs, strategy,
+                                             **kwargs).step_time}
+  return out
 
 
 def child(role):
-  """Times every strategy on one placement; prints one JSON line each."""
+  """Times every cell on one placement; prints one JSON line each."""
   # pylint: disable=import-outside-toplevel
   from tf_interlock import cluster as cluster_lib
   from tf_interlock import placement as placement_lib
+  from tf_interlock import transfer
   from train import benchmark_lib
   k = _K.value
   if role == "simulated":
     placement_lib.configure_simulated_devices(k, intra_op_threads=1,
                                               inter_op_threads=k)
   else:
-    cluster_lib.connect(cluster_lib.cluster_spec(_CLUSTER.value), 120)
+    devices = cluster_lib.connect(cluster_lib.cluster_spec(_CLUSTER.value),
+                                  120)
+    with open(_PROFILE.value) as f:
+      prof = json.load(f)
+    link = transfer.probe_crossing(devices[0], devices[1],
+                                   prof["boundary_shapes"][0])
+    predicted = predictions(prof, link)
+    # Written before the first timed cell: the prediction cannot peek.
+    path = os.path.join(os.path.dirname(_PROFILE.value), "predictions.json")
+    with open(path, "w") as f:
+      json.dump({"link": link, "num_cores": _cores(k), "ms_per_step":
+                 predicted}, f, indent=2)
   for name in _STRATEGIES.value:
     stats = {}
     benchmark_lib.run_strategy(_spec(), name,
@@ -75,96 +156,150 @@ def child(role):
 def _run_child(role, *extra):
   proc = subprocess.run(
       [sys.executable, "-m", "train.cluster_benchmark", f"--role={role}",
-       f"--num_modules={_K.value}", f"--steps={_STEPS.value}",
+       f"--model={_MODEL.value}", f"--num_workers={_K.value}",
+       f"--steps={_STEPS.value}", f"--steps_per_loop={_LOOP.value}",
        f"--strategies={','.join(_STRATEGIES.value)}", *extra],
       capture_output=True, text=True, check=False)
   if proc.returncode:
-    raise RuntimeError(f"{role} child failed: {proc.stderr[-2000:]}")
+    tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+    raise ChildProcessError(f"{role} child failed: {tail}")
   return [json.loads(line) for line in proc.stdout.splitlines()
           if line.startswith("{")]
 
 
-def _start_workers(k):
-  # pylint: disable=import-outside-toplevel
-  import socket
+def _free_addresses(k):
   socks = [socket.socket() for _ in range(k)]
   for s in socks:
     s.bind(("127.0.0.1", 0))
   cluster = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
   for s in socks:
     s.close()
-  workers = []
-  for task in range(k):
-    workers.append(subprocess.Popen(
-        [sys.executable, "-m", "train.worker", f"--cluster={cluster}",
-         f"--task={task}", "--intra_op_threads=1", "--inter_op_threads=1"],
-        stdout=subprocess.PIPE, text=True))
-    if "ready" not in workers[-1].stdout.readline():
-      raise RuntimeError(f"worker {task} did not start")
-  return cluster, workers
+  return cluster
 
 
-def report(rows, k):
-  """report.md's text: per strategy, both medians and their ratio."""
-  by = {(r["placement"], r["strategy"]): r["step_ms"] for r in rows}
+def _stop(workers):
+  for worker in workers:
+    if worker.poll() is None:
+      worker.terminate()
+    try:
+      worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      worker.kill()
+      worker.wait(timeout=30)
+
+
+def _cluster_rows(k, profile_path):
+  """Starts K workers, runs the cluster child, stops every started worker."""
+  cluster, workers = _free_addresses(k), []
+  try:
+    for task in range(k):
+      workers.append(subprocess.Popen(
+          [sys.executable, "-m", "train.worker", f"--cluster={cluster}",
+           f"--task={task}", "--intra_op_threads=1", "--inter_op_threads=1"],
+          stdout=subprocess.PIPE, text=True))
+      if "ready" not in workers[-1].stdout.readline():
+        raise ConnectionError(f"worker {task} did not start "
+                              f"(exit status {workers[-1].poll()})")
+    return _run_child("cluster", f"--cluster={cluster}",
+                      f"--profile={profile_path}")
+  finally:
+    _stop(workers)
+
+
+def _check_out_dir(out):
+  """Refuses a folder holding our file names that this tool did not write."""
+  if os.path.isdir(out) and not os.path.exists(os.path.join(out, _MARKER)):
+    clash = [n for n in _FILES if os.path.exists(os.path.join(out, n))]
+    if clash:
+      raise FileExistsError(
+          f"{out} holds {clash[0]}, not written by train.cluster_benchmark; "
+          f"pick another --out_dir. Received: out_dir={out}")
+  os.makedirs(out, exist_ok=True)
+  open(os.path.join(out, _MARKER), "w").close()
+
+
+def report(rows, predicted, link, prof):
+  """report.md's text: measured, predicted and their ratio per cell."""
+  k = _K.value
+  by = {(r["placement"], r["strategy"]): r["step_ms"]["median"] for r in rows}
+  name = ("Fashion-MNIST ResNet-20 (28x28x1, batch 128, pool aux heads)"
+          if _MODEL.value == "resnet" else
+          "MLP benchmark network (width 1024, batch 512)")
+  cores = os.cpu_count()
+  share = (f"K = {k} worker processes share the host's {cores} cores: NOT "
+           "one core per module." if k > cores else
+           f"K = {k} worker processes on {cores} cores: one core per module "
+           "(the client process feeding worker 0 shares them too).")
   lines = [
-      f"# K = {k}: one worker process per module vs one simulated process",
-      "", "MLP benchmark network (width 1024, batch 512, 16 steps per call), "
-      f"median of {_STEPS.value} calls after 2 warm-ups, ms per step. "
-      "`python -m train.cluster_benchmark` (one command, this file and "
-      "results.json). Cluster: "
-      f"{k} `train.worker` processes on 127.0.0.1, 1 intra-op and 1 inter-op "
-      "thread each, driven by one client process. Simulated: one process, "
-      f"{k} logical CPUs, 1 intra-op and {k} inter-op threads.",
-      "", f"Host: {os.cpu_count()} cores, shared with other work while this "
-      "ran: treat single figures as noisy (min..max in results.json).", "",
-      "| strategy | cluster ms/step | simulated ms/step | cluster / "
-      "simulated |", "|---|---|---|---|"]
-  for name in _STRATEGIES.value:
-    c, s = by.get(("cluster", name)), by.get(("simulated", name))
-    if c and s:
-      lines.append(f"| {name} | {c['median']:.2f} | {s['median']:.2f} | "
-                   f"{c['median'] / s['median']:.2f} |")
-  e2e = by.get(("cluster", "e2e"))
-  if e2e:
-    lines += ["", "Speedup over e2e on the same placement (e2e / strategy):",
-              "", "| strategy | cluster | simulated |", "|---|---|---|"]
-    for name in _STRATEGIES.value:
-      c, s = by.get(("cluster", name)), by.get(("simulated", name))
-      se = by.get(("simulated", "e2e"))
-      if c and s and se:
-        lines.append(f"| {name} | {e2e['median'] / c['median']:.2f} | "
-                     f"{se['median'] / s['median']:.2f} |")
+      f"# {_MODEL.value}, K = {k}: measured vs predicted step time", "",
+      f"{name}, {_LOOP.value} steps per call, median of {_STEPS.value} calls "
+      "after 2 warm-ups, ms per step. `python -m train.cluster_benchmark "
+      f"--model={_MODEL.value} --num_workers={k}`.", "",
+      f"**The host has {cores} CPU cores**, shared with other work while "
+      f"this ran. {share}", "",
+      "Cluster: K `train.worker` processes on 127.0.0.1 (1 intra-op, 1 "
+      "inter-op thread each) and one client. Simulated: one process, K "
+      "logical CPUs, 1 intra-op and K inter-op threads.", "",
+      "Predicted: `schedule.simulate` on "
+      f"{_cores(k)} cores, from op costs profiled in a separate process on "
+      "one thread (profile.json), written to predictions.json before any "
+      "cell was timed. Cluster predictions add a transfer op on every "
+      "activation and cotangent crossing between processes: latency "
+      f"{1e3 * link['latency_s']:.3f} ms + bytes x "
+      f"{1e9 * link['s_per_byte']:.3f} ms/MB (probe: one hop of h_0, "
+      f"{link['bytes'] / 1e6:.2f} MB, took {1e3 * link['activation_s']:.3f} "
+      "ms; worker 0 <-> worker 1, medians of 7).", "",
+      "| cell | cluster measured | cluster predicted | pred/meas | "
+      "simulated measured | simulated predicted | pred/meas | "
+      "cluster/simulated measured |", "|---|---|---|---|---|---|---|---|"]
+  for cell in _STRATEGIES.value:
+    c, s = by.get(("cluster", cell)), by.get(("simulated", cell))
+    pc, ps = predicted[cell]["cluster"], predicted[cell]["simulated"]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines.append(
+        f"| {cell} | {fmt(c)} | {pc:.2f} | {fmt(c and pc / c)} | {fmt(s)} | "
+        f"{ps:.2f} | {fmt(s and ps / s)} | {fmt(c and s and c / s)} |")
+  lines += ["", "Op costs per module, ms [forward, input VJP, weight VJP, "
+            "aux, update]: " + json.dumps(prof["costs_ms"])]
   return "\n".join(lines) + "\n"
 
 
 def parent():
-  cluster, workers = _start_workers(_K.value)
-  try:
-    rows = _run_child("cluster", f"--cluster={cluster}")
-  finally:
-    for worker in workers:
-      worker.terminate()
-      try:
-        worker.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait(timeout=30)
+  """Profile, then cluster (probe, predictions.json, timing), simulated."""
+  if _MODEL.value not in ("mlp", "resnet"):
+    raise ValueError(f"model must be mlp or resnet. "
+                     f"Received: model={_MODEL.value}")
+  if _K.value not in (2, 4):
+    raise ValueError(f"num_workers must be 2 or 4. "
+                     f"Received: num_workers={_K.value}")
+  out = _OUT.value or os.path.join("docs/results/cluster",
+                                   f"{_MODEL.value}_k{_K.value}")
+  _check_out_dir(out)
+  prof = _run_child("profile")[0]
+  profile_path = os.path.abspath(os.path.join(out, "profile.json"))
+  with open(profile_path, "w") as f:
+    json.dump(prof, f, indent=2)
+  rows = _cluster_rows(_K.value, profile_path)
+  with open(os.path.join(out, "predictions.json")) as f:
+    pred = json.load(f)
   rows += _run_child("simulated")
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, "results.json"), "w") as f:
-    json.dump({"num_modules": _K.value, "steps": _STEPS.value,
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump({"model": _MODEL.value, "num_workers": _K.value,
+               "steps": _STEPS.value, "steps_per_loop": _LOOP.value,
                "cpu_count": os.cpu_count(), "rows": rows}, f, indent=2)
-  text = report(rows, _K.value)
-  with open(os.path.join(_OUT.value, "report.md"), "w") as f:
+  text = report(rows, pred["ms_per_step"], pred["link"], prof)
+  with open(os.path.join(out, "report.md"), "w") as f:
     f.write(text)
   print(text)
 
 
+@error_boundary.guard()
 def main(argv):
   del argv
   if _ROLE.value == "parent":
     parent()
+  elif _ROLE.value == "profile":
+    profile()
   else:
     child(_ROLE.value)
 
