@@ -4,7 +4,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-cluster demo benchmark cluster-benchmark onednn-effect device-check data bazel-test clean
+.PHONY: setup test test-slow test-cluster demo benchmark cluster-benchmark onednn-effect device-check data bazel-test clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,12 @@ $(STAMP): requirements.txt
 	touch $(STAMP)
 
 test: setup
-	$(PYTHON) -m pytest -q --durations=10 -m "not cluster"
+	$(PYTHON) -m pytest -q --durations=10 -m "not cluster and not slow"
+
+# The binaries under attack: dozens of processes each (bad flags, hostile
+# files, signals, kill-and-resume, compare's refusals). .ci/run runs them.
+test-slow: setup
+	$(PYTHON) -m pytest -q --durations=10 -m "slow and not cluster"
 
 # placement=cluster with real worker processes on 127.0.0.1 (slow: each
 # test starts its own train.worker processes and stops them).

@@ -46,6 +46,7 @@ def _start(*flags):
                           stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_bad_flags_fail_in_one_line():
   runs = [(case, _start(*TINY, *case[0])) for case in BAD_FLAGS]
   for (flags, name, received), proc in runs:

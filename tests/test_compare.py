@@ -77,6 +77,7 @@ def _check_results(out_dir):
   return results
 
 
+@pytest.mark.slow
 def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
   out_dir = str(tmp_path / "compare")
   common = ["--preset=synthetic_mlp", f"--out_dir={out_dir}", "--seed=3",
@@ -132,14 +133,16 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
   with open(os.path.join(run_dir, "lock.json"), "w") as f:
     json.dump({"host": socket.gethostname(), "pid": int(dead.stdout),
                "started": 0.0, "updated": 0.0, "token": "killed"}, f)
-  with open(os.path.join(run_dir, "left_by_the_killed_run.txt"), "w") as f:
+  # A half-written checkpoint: the kind of file a killed train.train leaves.
+  partial = os.path.join(run_dir, "checkpoints", "ckpt-999_temp")
+  os.makedirs(partial)
+  with open(os.path.join(partial, "left_by_the_killed_run"), "w") as f:
     f.write("partial")
   restart = run_binary("train.compare", *common, "--noplots")
   assert restart.stdout.count("finished earlier, not rerun") == 3
   assert "local seed 4: restarting the unfinished run" in restart.stdout
   assert f"held by pid {int(dead.stdout)}" in restart.stderr
-  assert not os.path.exists(
-      os.path.join(run_dir, "left_by_the_killed_run.txt"))
+  assert not os.path.exists(partial)
   assert not os.path.exists(os.path.join(run_dir, "lock.json"))
   _check_results(out_dir)
 

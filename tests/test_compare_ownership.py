@@ -130,6 +130,7 @@ def refusals(tmp_path_factory):
   return done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_compare_refuses_in_one_line_and_changes_nothing(refusals, case):
   returncode, stderr, words, before, after = refusals[case]

@@ -54,6 +54,7 @@ def _start(out_dir, *flags):
       stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_degenerate_device_check_writes_json_and_table(tmp_path):
   out_dir, late_dir = tmp_path / "check", tmp_path / "late"
   procs = [_start(out_dir, "--strategies=e2e,local"),

@@ -190,6 +190,7 @@ def started(tmp_path_factory, prepared):
       proc.communicate()
 
 
+@pytest.mark.slow
 def test_bad_flags_fail_in_one_line_and_write_nothing(started, capsys):
   cases, tmp_path = started["cases"]
   try:

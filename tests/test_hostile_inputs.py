@@ -209,6 +209,7 @@ def _stderr_of_all(commands, parallel=PARALLEL):
   return [(proc.returncode, err) for proc, (_, err) in zip(procs, results)]
 
 
+@pytest.mark.slow
 def test_hostile_inputs_fail_in_one_line_and_change_nothing(trained,
                                                             tmp_path):
   commands, trees = [], []

@@ -74,6 +74,7 @@ def _start(module, *flags):
                           stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_bad_inputs_fail_cleanly_and_write_nothing(tmp_path):
   runs = []
   for i, (flags, words) in enumerate(BAD_INPUTS):
@@ -109,6 +110,7 @@ def _final_weights(model_dir):
   return {n: reader.get_tensor(n) for n in names}
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
   flags = SYNTH + ["--train_steps=40", "--deterministic=true", "--seed=3"]
   straight = str(tmp_path / "straight")
@@ -133,6 +135,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigint_save_a_checkpoint(tmp_path):
   procs = {}
   for signum in (signal.SIGTERM, signal.SIGINT):
@@ -353,6 +356,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_refusals_change_nothing(trained, tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
   started = []
