@@ -366,3 +366,24 @@ def test_a_run_is_quiet_unless_verbosity_asks(started):
   for noise in ("Sharding callback", "before absl::InitializeLog()"):
     assert noise not in quiet, quiet
     assert noise in verbose, noise
+
+
+@pytest.mark.parametrize("placement,fields", [
+    ("cluster", {"cluster": "127.0.0.1:2222,127.0.0.1:2223",
+                 "modules_per_worker": 2}),
+    ("simulated", {"threads_per_device": 2, "modules_per_device": 2}),
+])
+def test_a_run_restores_on_one_device_whatever_placement_trained_it(
+    placement, fields):
+  # Export, evaluate and feature_stats rebuild a run on one device: its
+  # placement-only fields must not make the recorded config invalid there.
+  trained = dataclasses.replace(config_lib.Config(), num_modules=4,
+                                placement=placement, **fields)
+  config_lib.validate(trained)
+  with pytest.raises(ValueError, match="applies only to placement"):
+    config_lib.validate(dataclasses.replace(trained, placement="single"))
+  restored = config_lib.on_one_device(trained)
+  config_lib.validate(restored)
+  assert restored.placement == "single"
+  assert dataclasses.replace(restored, placement=placement, **fields) == (
+      trained)

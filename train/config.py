@@ -391,6 +391,25 @@ def _check_directory(flag, path, may_create):
          "writable folder")
 
 
+def on_one_device(config):
+  """`config` for a process that restores a run on one device.
+
+  Export, evaluation and the feature statistics rebuild the trained modules
+  in one process, whatever placement trained them: the placement and every
+  field that applies only to it (simulated threads, cluster workers) go back
+  to their defaults, so the stored run validates as a single-device one.
+
+  Args:
+    config: the run's recorded `Config`.
+
+  Returns:
+    A copy with placement="single".
+  """
+  return dataclasses.replace(config, placement="single", threads_per_device=1,
+                             modules_per_device=1, cluster=None,
+                             modules_per_worker=1)
+
+
 def validate(config, num_replicas=1):
   """Checks every field; raises ValueError with a one-line message.
 

@@ -15,7 +15,6 @@ the same direction, so every head it feeds sees a constant.
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
 from train import runtime_env  # pylint: disable=unused-import
 
-import dataclasses
 import json
 
 from absl import app
@@ -25,6 +24,7 @@ import tensorflow as tf
 from tf_interlock import representation
 from tf_interlock.run_dir import RunDir
 from train import error_boundary
+from train import config as config_lib
 from train import run_io
 from train import setup_lib
 
@@ -35,8 +35,7 @@ _BATCHES = flags.DEFINE_integer("batches", 8, "Validation batches to use.")
 def run_stats(model_dir, batches):
   """{"h_k": feature_stats} for modules 1..K-1 of a restored LM run."""
   run = RunDir(model_dir)
-  config = dataclasses.replace(run_io.config_from_run(run),
-                               placement="single")
+  config = config_lib.on_one_device(run_io.config_from_run(run))
   if not config.is_text:
     raise ValueError(f"feature_stats reads language-model runs; this run "
                      f"trains on {config.dataset}. "

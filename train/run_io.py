@@ -126,8 +126,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
   run = RunDir(model_dir)
   run.check_layout()
   run.check_nesting()
-  config = dataclasses.replace(config_from_run(run),
-                               placement="single")
+  config = config_lib.on_one_device(config_from_run(run))
   latest = run.latest_checkpoint(checkpoint, flag="--checkpoint",
                                  for_writing=False)
   if latest is None:
@@ -192,6 +191,6 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
   if preset_given:
     print("note: --preset is not used: the run records its configuration",
           file=err or sys.stderr)
-  return dataclasses.replace(recorded, placement="single", **{
+  return dataclasses.replace(config_lib.on_one_device(recorded), **{
       name: getattr(flag_config, name) for name in given
       if name not in ("model_dir", "export_dir", "placement")}), saved_model
