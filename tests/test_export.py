@@ -287,6 +287,35 @@ def test_leftovers_of_a_killed_export_are_removed_only_if_ours(tmp_path):
   assert (theirs / "user.txt").read_text() == "keep"
 
 
+def test_a_complete_export_left_aside_is_put_back_not_deleted(tmp_path):
+  # Killed between the two moves of a replace: export/ is gone and the only
+  # complete export is .export.old-*; the next export must not delete it.
+  path = tmp_path / "export"
+  _mlp_export(path, owner="run-a")
+  before = (path / "saved_model.pb").read_bytes()
+  aside = tmp_path / ".export.old-0123abcd"
+  path.rename(aside)
+  export._remove_stale(str(path), "run-a")
+  assert sorted(os.listdir(tmp_path)) == ["export"]
+  assert (path / "saved_model.pb").read_bytes() == before
+
+
+def test_a_file_added_during_the_export_is_kept(tmp_path, monkeypatch):
+  path = tmp_path / "export"
+  _mlp_export(path, owner="run-a")
+  save = tf.saved_model.save
+
+  def save_then_user_writes(obj, export_dir, signatures=None):
+    save(obj, export_dir, signatures=signatures)
+    (path / "NOTES.txt").write_text("mine")  # after the ownership check
+
+  monkeypatch.setattr(tf.saved_model, "save", save_then_user_writes)
+  with pytest.raises(ValueError, match="changed during the export.*NOTES"):
+    _mlp_export(path, seed=1, owner="run-a")
+  assert (path / "NOTES.txt").read_text() == "mine"
+  assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
 def test_export_and_load_on_the_ram_filesystem(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   path = "ram://export_test/a/export"

@@ -248,8 +248,13 @@ def _remove_stale(export_dir, owner):
   """Deletes what an export of `owner` killed midway left next to the target.
 
   Only our own names (`.<name>.tmp-*`, `.<name>.old-*`) that are empty or
-  carry `owner`'s marker; anything else stays.
+  carry `owner`'s marker; anything else stays. An `.old-*` export while
+  `export_dir` is missing (killed between the two moves) is the only
+  complete export: it is put back, not deleted.
   """
+  for path in _siblings(export_dir, "old"):
+    if not tf.io.gfile.exists(export_dir) and _owned(path, owner):
+      paths.move_dir(path, export_dir, last=MARKER)
   for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
     if tf.io.gfile.isdir(path) and (
         not tf.io.gfile.listdir(path) or _owned(path, owner)):
@@ -269,6 +274,16 @@ def _replace_dir(new_dir, export_dir, old_dir):
     paths.move_dir(new_dir, export_dir, last=MARKER)
     return
   paths.move_dir(export_dir, old_dir, last=MARKER)
+  # Checked again once it is out of the way: a file added to the old export
+  # since `check_export_target` would otherwise be deleted with it.
+  marker = read_marker(old_dir)
+  late = ([MARKER] if marker is None else foreign_entries(old_dir, marker))
+  if late:
+    paths.move_dir(old_dir, export_dir, last=MARKER)
+    raise ValueError(
+        f"export_dir={export_dir} changed during the export: it now holds "
+        f"entries the earlier export did not write ({', '.join(late[:3])}); "
+        f"nothing was replaced. Received: export_dir={export_dir!r}")
   try:
     paths.move_dir(new_dir, export_dir, last=MARKER)
   except BaseException:  # also Ctrl-C or SIGTERM between the two moves
