@@ -40,10 +40,20 @@ TEST_FOLDER = "tests"
 # training binaries many times over are large.
 DEFAULT_TEST_SIZE = "medium"
 TEST_SIZES = {
+    "tests/test_benchmark.py": "large",
     "tests/test_cluster.py": "large",
     "tests/test_cluster_faults.py": "large",
     "tests/test_cluster_readme.py": "large",
+    "tests/test_cluster_replicas.py": "large",
+    "tests/test_collapse_probe.py": "large",
+    "tests/test_compare.py": "large",
+    "tests/test_compare_ownership.py": "large",
+    "tests/test_flag_validation.py": "large",
+    "tests/test_hostile_inputs.py": "large",
+    "tests/test_model_validation.py": "large",
+    "tests/test_multi_worker_mirrored.py": "large",
     "tests/test_partition.py": "small",
+    "tests/test_readme.py": "large",
     "tests/test_reliability.py": "large",
     "tests/test_routing.py": "small",
     "tests/test_train_binaries.py": "large",
