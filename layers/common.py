@@ -17,7 +17,7 @@ multiply-adds) of one example whose shape, without the batch axis, is
 import keras
 
 from layers.interlock_module import InterlockModule
-from tf_interlock import partition
+from layers import partition
 
 BALANCE_MODES = ("flops", "main_flops", "blocks")
 

@@ -130,8 +130,8 @@ def test_load_model_in_a_new_process_after_import_tf_interlock(tmp_path):
 
 
 def test_import_registers_classes_and_raises_a_real_import_error(tmp_path):
-  # A program whose first import is a `layers` module (the circular case)
-  # imports tf_interlock without an error and has that module's classes
+  # A program whose first import is a `layers` module then imports
+  # tf_interlock without an error and has that module's classes
   # registered; a missing dependency of a layer
   # module (here blocked by a finder) is raised, not swallowed.
   first_layers = (

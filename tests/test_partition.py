@@ -1,4 +1,4 @@
-"""Tests for the balanced contiguous partition (tf_interlock.partition)."""
+"""Tests for the balanced contiguous partition (layers.partition)."""
 
 import itertools
 import random
@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from tf_interlock import partition
+from layers import partition
 
 
 def _all_splits(n, k):

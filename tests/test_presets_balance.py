@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tf_interlock import partition
+from layers import partition
 from tf_interlock import profiling
 from tf_interlock.schedule import ModuleCost
 from train.presets import fashion_mnist_resnet

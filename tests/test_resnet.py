@@ -9,7 +9,7 @@ from layers import aux_heads
 from layers import resnet
 from layers.interlock_module import InterlockModule
 from tests import helpers
-from tf_interlock import partition
+from layers import partition
 
 
 def _build(modules, input_shape):

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
 from tf_interlock import keras_blocks
-from tf_interlock import partition
+from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
 AUX_HEAD_KINDS = ("linear", "authors")

@@ -14,7 +14,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 
-from tf_interlock import partition
+from layers import partition
 from tf_interlock import schedule
 
 
