@@ -370,7 +370,8 @@ def generate_targets(root, test_sizes=None):
       deps = {path} | _run_time_deps({path}, imported, named)
       targets[path] += "\n" + _rule(
           "py_binary", binaries[path],
-          srcs=[path], main=path, deps=labels(deps))
+          srcs=[path], main=path,
+          testonly=path.split("/")[0] == TEST_FOLDER, deps=labels(deps))
   return targets
 
 
