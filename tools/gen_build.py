@@ -64,6 +64,12 @@ TEST_DATA = {
     "tests/test_install.py": ["pyproject.toml"],
     "tests/test_cluster_readme.py": ["README.md"],
     "tests/test_readme.py": ["README.md", "pyproject.toml"],
+    "tests/test_presets_balance.py": [
+        "docs/results/balance/fashion_mnist_resnet.json",
+        "docs/results/balance/fortunes_lm_paper_shape.json"],
+    "tests/test_collapse_probe.py": [
+        "docs/results/lm_collapse/results.json",
+        "docs/results/lm_collapse/tables.md"],
 }
 
 _HEADER = """\
