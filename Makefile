@@ -53,25 +53,25 @@ demo: setup data
 # process); every strategy on the threading plan the schedule model picks.
 BENCH_OUT := docs/results/benchmark_mlp_k4_simulated
 benchmark: setup
-	$(PYTHON) -m train.benchmark --json_out=$(BENCH_OUT).json \
+	$(PYTHON) -m research.benchmark --json_out=$(BENCH_OUT).json \
 	  > $(BENCH_OUT).txt.new
 	mv $(BENCH_OUT).txt.new $(BENCH_OUT).txt
 	cat $(BENCH_OUT).txt
 
 # K = 2 modules on two train.worker processes of one core each vs one
-# simulated process (train/cluster_benchmark.py; starts and stops the workers).
+# simulated process (research/cluster_benchmark.py; starts and stops the workers).
 cluster-benchmark: setup
-	$(PYTHON) -m train.cluster_benchmark --model=mlp --num_workers=2
+	$(PYTHON) -m research.cluster_benchmark --model=mlp --num_workers=2
 
 # oneDNN off vs on per preset (op costs in separate processes, and each
 # strategy's step time through the schedule model).
 onednn-effect: setup
-	$(PYTHON) -m train.onednn_effect --out_dir=docs/results/onednn_effect
+	$(PYTHON) -m research.onednn_effect --out_dir=docs/results/onednn_effect
 
 # Step time with one core (or GPU) per module, measured vs the schedule model,
-# in under 8 minutes (train/device_check.py); degenerate (K = 2) on < 8 cores.
+# in under 8 minutes (research/device_check.py); degenerate (K = 2) on < 8 cores.
 device-check: setup
-	$(PYTHON) -m train.device_check --out_dir=runs/device_check
+	$(PYTHON) -m research.device_check --out_dir=runs/device_check
 
 # Bazel (Debian's bazel-bootstrap 4.2.3, offline): BUILD is generated from the
 # tree by tools/gen_build.py, and bazel-test fails while it is stale.

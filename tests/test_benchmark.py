@@ -1,4 +1,4 @@
-"""train.benchmark through the binary: flag checks and the separate-process
+"""research.benchmark through the binary: flag checks and the separate-process
 plain Keras baseline (tiny sizes: these test behaviour, not speed)."""
 
 import json
@@ -41,7 +41,7 @@ BAD_FLAGS = [
 def _start(*flags):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
   env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # The binary sets its default.
-  return subprocess.Popen([sys.executable, "-m", "train.benchmark", *flags],
+  return subprocess.Popen([sys.executable, "-m", "research.benchmark", *flags],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 

@@ -1,4 +1,4 @@
-"""train.collapse_probe and its measurements (tf_interlock.representation):
+"""research.collapse_probe and its measurements (tf_interlock.representation):
 angles between h and dL/dh, how h moved, and the LayerNorm ablations, on
 hand-built tensors and a tiny Transformer with known answers."""
 
@@ -14,7 +14,7 @@ from layers.transformer import transformer_lm_modules
 from tests.binaries import ROOT, run_binary, tree_digest
 from tf_interlock import representation
 from tf_interlock import strategy as strategy_lib
-from train import collapse_probe
+from research import collapse_probe
 
 
 def _layer_norm(h):
@@ -203,7 +203,7 @@ def test_unigram_start_covers_every_head_with_smoothed_log_probs():
 
 
 def _foreign_report(tmp_path):
-  """A report_dir as train.compare leaves it: its results.json and a
+  """A report_dir as research.compare leaves it: its results.json and a
   tables.md of another tool."""
   report = tmp_path / "study"
   report.mkdir()
@@ -216,17 +216,17 @@ def _foreign_report(tmp_path):
 def test_another_tools_report_dir_is_refused_and_left_unchanged(tmp_path):
   report = _foreign_report(tmp_path)
   before = tree_digest(str(report))
-  run = {"command": "python -m train.collapse_probe --runs=2wise",
+  run = {"command": "python -m research.collapse_probe --runs=2wise",
          "probe_every": 5, "records": []}
   with pytest.raises(ValueError, match="results.json that "
-                     "train.collapse_probe did not write"):
+                     "research.collapse_probe did not write"):
     collapse_probe.write_outputs(str(report), {"2wise": run})
   assert tree_digest(str(report)) == before
   # Our own results.json but someone else's tables.md: refused too.
   (report / "results.json").write_text(json.dumps({"e2e": run}))
   before = tree_digest(str(report))
   with pytest.raises(ValueError, match="tables.md that "
-                     "train.collapse_probe did not write"):
+                     "research.collapse_probe did not write"):
     collapse_probe.write_outputs(str(report), {"2wise": run})
   assert tree_digest(str(report)) == before
   # The report this binary wrote is read back.
@@ -237,7 +237,7 @@ def test_another_tools_report_dir_is_refused_and_left_unchanged(tmp_path):
 def test_binary_refuses_a_foreign_report_dir_in_one_line(tmp_path):
   report = _foreign_report(tmp_path)
   before = tree_digest(str(report))
-  proc = run_binary("train.collapse_probe", f"--report_dir={report}",
+  proc = run_binary("research.collapse_probe", f"--report_dir={report}",
                     "--runs=2wise", "--run_steps=1", check=False)
   assert proc.returncode == 1, proc.stderr[-2000:]
   errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]

@@ -1,4 +1,4 @@
-"""train.compare end to end on generated data: two strategies, two seeds,
+"""research.compare end to end on generated data: two strategies, two seeds,
 the outputs, reruns that reuse the finished runs or restart a killed one,
 and bad flags. (What compare refuses: tests/test_compare_ownership.py.)"""
 
@@ -14,16 +14,16 @@ import pytest
 
 from tests.binaries import ROOT, run_binary
 from train import config
-from train import study_lib
+from research import study_lib
 
 STRATEGIES = ("e2e", "local")
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def _start(*flags):
-  """train.compare in the background (several checks run at once)."""
+  """research.compare in the background (several checks run at once)."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-  return subprocess.Popen([sys.executable, "-m", "train.compare", *flags],
+  return subprocess.Popen([sys.executable, "-m", "research.compare", *flags],
                           cwd=ROOT, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -88,7 +88,7 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
       *common[:1], f"--out_dir={tmp_path / 'other'}", "--train_steps=20",
       "--eval_points=2")
   report_dir = tmp_path / "docs" / "study"
-  first = run_binary("train.compare", *common, *plots, "--jobs=2",
+  first = run_binary("research.compare", *common, *plots, "--jobs=2",
                      f"--report_dir={report_dir}")
   assert "not rerun" not in first.stdout
   results = _check_results(out_dir)
@@ -138,7 +138,7 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
   os.makedirs(partial)
   with open(os.path.join(partial, "left_by_the_killed_run"), "w") as f:
     f.write("partial")
-  restart = run_binary("train.compare", *common, "--noplots")
+  restart = run_binary("research.compare", *common, "--noplots")
   assert restart.stdout.count("finished earlier, not rerun") == 3
   assert "local seed 4: restarting the unfinished run" in restart.stdout
   assert f"held by pid {int(dead.stdout)}" in restart.stderr

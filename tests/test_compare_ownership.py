@@ -1,4 +1,4 @@
-"""train.compare deletes only what it made, and refuses the rest in one line.
+"""research.compare deletes only what it made, and refuses the rest in one line.
 
 Each case sets up an out_dir (or report_dir) the way a user or another
 process would leave it, runs the binary, and checks: exit 1, one `error:`
@@ -18,10 +18,10 @@ import pytest
 
 from tests.binaries import ROOT, tree_digest
 from tf_interlock.run_lock import RunLock
-from train import study_lib
-from train import study_owner
-from train import study_report
-from train import study_store
+from research import study_lib
+from research import study_owner
+from research import study_report
+from research import study_store
 
 # Locks this process holds for a case, as a live train.train would.
 HELD = []
@@ -116,7 +116,7 @@ def refusals(tmp_path_factory):
     flags, words = setup(root)
     before = tree_digest(root)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "train.compare", *FLAGS,
+        [sys.executable, "-m", "research.compare", *FLAGS,
          f"--out_dir={os.path.join(root, 'out')}", *flags],
         cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)
@@ -155,7 +155,7 @@ def test_a_non_empty_out_dir_without_the_study_marker_is_refused(tmp_path):
   _write(os.path.join(out_dir, "report.md"), "my own report\n")
   before = tree_digest(tmp_path)
   with pytest.raises(ValueError, match=r"--out_dir=.*/out holds files that "
-                     r"train.compare did not write \(no compare_study.json\)"):
+                     r"research.compare did not write \(no compare_study.json\)"):
     study_lib.check_study(_study(out_dir), repeats=1)
   assert tree_digest(tmp_path) == before
   # Empty, it is claimed; claimed, it stays this study's.
@@ -180,7 +180,7 @@ def test_restart_empties_only_an_unfinished_run_of_this_study(tmp_path):
   # The same folder is not this study's under another seed or study.
   for other in ((owner, "e2e", 1), ("another", "e2e", 0)):
     with pytest.raises(ValueError, match=f"{run_dir} holds a run that this "
-                       "train.compare study did not make"):
+                       "research.compare study did not make"):
       study_owner.run_state(out_dir, run_dir, other[0], *other[1:],
                             "result.json")
     with pytest.raises(ValueError, match="did not make"):
@@ -204,7 +204,7 @@ def test_restart_refuses_a_run_of_this_study_holding_a_user_file(tmp_path):
   _write(os.path.join(run_dir, "NOTES.txt"), "why this run matters\n")
   before = tree_digest(run_dir)
   with pytest.raises(ValueError, match=r"holds files that neither "
-                     r"train.train nor train.compare writes \(NOTES.txt\); "
+                     r"train.train nor research.compare writes \(NOTES.txt\); "
                      "nothing was changed"):
     study_owner.prepare(out_dir, run_dir, owner, "e2e", 0)
   assert tree_digest(run_dir) == before
@@ -265,11 +265,11 @@ def test_report_dir_outputs_are_replaced_only_over_a_compare_report(
   _write(os.path.join(report_dir, "metric_vs_steps.png"), "my plot")
   with pytest.raises(ValueError, match=r"--report_dir=.* holds "
                      r".*metric_vs_steps.png, which is not an output of "
-                     r"train.compare"):
+                     r"research.compare"):
     study_report.check_report_dir(report_dir, plots=True)
   study_report.check_report_dir(report_dir, plots=False)  # not written
   _write(os.path.join(report_dir, "results.json"), json.dumps(
-      {"command": "python -m train.compare --out_dir=x",
+      {"command": "python -m research.compare --out_dir=x",
        "strategies": {"e2e": {}}}))
   study_report.check_report_dir(report_dir, plots=True)
 

@@ -1,4 +1,4 @@
-"""train.device_check: the cases each machine gets, and its degenerate run
+"""research.device_check: the cases each machine gets, and its degenerate run
 here (K = 2, tiny sizes) with the JSON and the table it writes."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.binaries import ROOT
-from train import device_check
+from research import device_check
 
 
 def _names(cases):
@@ -42,14 +42,14 @@ def test_plan_cases(cpus, gpus, run, not_run):
       assert "--placement=gpu" in args
   virtual = [c for c in cases if c["name"] == "virtual_gpu_k4"]
   if virtual:
-    assert virtual[0]["module"] == "train.benchmark_virtual_gpus"
+    assert virtual[0]["module"] == "research.benchmark_virtual_gpus"
     assert "--virtual_gpus=4" in device_check.case_args(virtual[0], ["e2e"])
 
 
 def _start(out_dir, *flags):
   env = dict(os.environ, PYTHONPATH=ROOT)
   return subprocess.Popen(
-      [sys.executable, "-m", "train.device_check", f"--out_dir={out_dir}",
+      [sys.executable, "-m", "research.device_check", f"--out_dir={out_dir}",
        *flags], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE)
 

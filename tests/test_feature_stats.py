@@ -1,4 +1,4 @@
-"""tf_interlock.representation (train.feature_stats): a collapsed module's output is told from a healthy
+"""tf_interlock.representation (research.feature_stats): a collapsed module's output is told from a healthy
 one by its statistics (hand-built features with known answers)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""train.model_validation: flag checks, predictions from a profile, the
+"""research.model_validation: flag checks, predictions from a profile, the
 report from hand-built results, and the benchmark's strategy cells."""
 
 import os
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from tf_interlock import schedule
-from train import benchmark_lib
-from train import validation_report
+from research import benchmark_lib
+from research import validation_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _run(*flags):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
   return subprocess.Popen(
-      [sys.executable, "-m", "train.model_validation", *flags], cwd=ROOT,
+      [sys.executable, "-m", "research.model_validation", *flags], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -94,7 +94,7 @@ def _results():
                         "predicted_max_s": p * 1.1}
                     for s, p in (("e2e", 0.010), ("local", 0.005))}}}}
   measured = {
-      "command": "python -m train.model_validation", "host": "h",
+      "command": "python -m research.model_validation", "host": "h",
       "machine": "x86_64", "num_cores": 2, "onednn": "1", "started": "t1",
       "steps": 5, "steps_per_loop": 8, "cells": {
           "mlp/2x1/e2e": {"measured_step_s": 0.0105, "measured_min_s": 0.01,
@@ -117,10 +117,10 @@ def test_report_flags_the_cells_off_by_more_than_ten_percent():
 
 def test_report_lists_failed_cells_apart():
   predictions, measured = _results()
-  measured["cells"]["mlp/2x1/2wise"] = {"error": "train.benchmark failed"}
+  measured["cells"]["mlp/2x1/2wise"] = {"error": "research.benchmark failed"}
   assert len(validation_report.rows(predictions, measured)) == 2
   text = validation_report.render(predictions, measured)
-  assert "## Cells that failed\n\n- mlp/2x1/2wise: train.benchmark failed" in text
+  assert "## Cells that failed\n\n- mlp/2x1/2wise: research.benchmark failed" in text
 
 
 def test_report_refuses_a_cell_without_prediction():

@@ -1,6 +1,6 @@
 """oneDNN kernels on (train.runtime_env's default on x86-64) keep
 --deterministic=true runs bitwise reproducible, through the real binary;
-train.onednn_effect measures both settings, each in its own process."""
+research.onednn_effect measures both settings, each in its own process."""
 
 import json
 import os
@@ -47,7 +47,7 @@ def test_onednn_effect_measures_both_settings_in_their_own_processes(
     tmp_path):
   out_dir = tmp_path / "effect"
   binaries.run_binary(
-      "train.onednn_effect", "--presets=synthetic_mlp", "--rounds=1",
+      "research.onednn_effect", "--presets=synthetic_mlp", "--rounds=1",
       "--repeats=2", "--strategies=e2e,local",
       "--extra_flags=mlp_width=32,batch_size=16", f"--out_dir={out_dir}")
   with open(out_dir / "onednn_effect.json") as f:
@@ -65,7 +65,7 @@ def test_onednn_effect_measures_both_settings_in_their_own_processes(
 
 
 def test_onednn_effect_refuses_an_unknown_preset(tmp_path):
-  proc = binaries.run_binary("train.onednn_effect", "--presets=mnist",
+  proc = binaries.run_binary("research.onednn_effect", "--presets=mnist",
                              f"--out_dir={tmp_path / 'x'}", check=False)
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith(

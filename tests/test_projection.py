@@ -5,9 +5,9 @@ Every expected number below is worked out by hand in the comments."""
 import pytest
 
 from tf_interlock import projection
-from train import study_clock
-from train import study_lib
-from train import study_report
+from research import study_clock
+from research import study_lib
+from research import study_report
 
 # Two seeds evaluated at steps 10 and 20: (step, seconds, accuracy).
 SEED_0 = [(10, 1.0, 0.5), (20, 2.0, 0.7)]

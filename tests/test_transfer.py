@@ -2,7 +2,7 @@
 
 Between two logical devices of one process a hop is a memory copy, not a
 gRPC transfer: the figures are small, but the arithmetic is the same one
-`train.cluster_benchmark` runs between worker processes.
+`research.cluster_benchmark` runs between worker processes.
 """
 
 import math

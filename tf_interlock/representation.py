@@ -1,6 +1,6 @@
 """Statistics of one module's output: is it still readable per token?
 
-Used by `train.feature_stats`. A collapsed module (2-wise "only" on the
+Used by `research.feature_stats`. A collapsed module (2-wise "only" on the
 fortunes LM, docs/results/study_fortunes_lm/reading.md) shows a norm far
 above e2e's and an effective rank near 1.
 """

@@ -458,7 +458,7 @@ def best_pipeline(costs, microbatches=PIPELINE_MICROBATCHES, **kwargs):
   devices, so its bubble shrinks to (K - 1)/(M + K - 1) of the step
   (GPipe); each op then costs 1/M of its full-batch cost here, which
   ignores that small batches run less efficiently (measured per cell by
-  `train.model_validation`).
+  `research.model_validation`).
 
   Args:
     costs: one `ModuleCost` per module.

@@ -70,6 +70,9 @@ TEST_DATA = {
     "tests/test_collapse_probe.py": [
         "docs/results/lm_collapse/results.json",
         "docs/results/lm_collapse/tables.md"],
+    # Reads the source of every floor, including files no test imports.
+    "tests/test_import_direction.py": [
+        "layers/", "tf_interlock/", "train/", "research/"],
 }
 
 _HEADER = """\
@@ -364,7 +367,7 @@ def generate_targets(root, test_sizes=None):
           srcs=sorted([path, PYTEST_RUNNER]),
           main=PYTEST_RUNNER,
           args=[path],
-          data=sorted([PYTEST_CONFIG] + TEST_DATA.get(path, [])),
+          data=sorted([PYTEST_CONFIG] + _test_data(paths, path)),
           deps=labels(deps - {path}))
       continue
     targets[path] = _rule(
@@ -399,6 +402,18 @@ def check(root, test_sizes=None):
   problems = [f"{path}: no up-to-date target in {BUILD_FILE}"
               for path, text in sorted(targets.items()) if text not in current]
   return problems or [f"{BUILD_FILE} has stale or edited targets"]
+
+
+def _test_data(paths, test):
+  """TEST_DATA's files for `test`; a folder entry ("layers/") names every
+  Python file under it."""
+  data = []
+  for entry in TEST_DATA.get(test, []):
+    if entry.endswith("/"):
+      data += [path for path in paths if path.startswith(entry)]
+    else:
+      data.append(entry)
+  return data
 
 
 def main(argv):

@@ -7,7 +7,7 @@ than its module's block: the heads bound every interlocked schedule. Here a
 module holds 3 blocks twice as wide (12 d^2 weights each against d V for
 the head), so the head is a small fraction of its module's work, as in
 Gomez et al. (2022, Sec. 5.2), where modules hold several blocks of a
-12-block Transformer. `python -m train.module_costs
+12-block Transformer. `python -m research.module_costs
 --preset=fortunes_lm_paper_shape --balance_into=4 --repetitions=3` measures
 every block and splits by measured time (`profiling.balance_blocks`); its
 output goes to docs/results/balance/fortunes_lm_paper_shape.json.

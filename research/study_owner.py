@@ -1,4 +1,4 @@
-"""What a study (`train.compare`) may delete: only folders it made itself.
+"""What a study (`research.compare`) may delete: only folders it made itself.
 
 A study's out_dir holds its run folders out_dir/<strategy>/seed_<seed>, each
 a `train.train` model_dir, plus logs and reports. An unfinished run is
@@ -94,7 +94,7 @@ def study_owner(out_dir):
     return None
   if not isinstance(marker.get("owner"), str):
     raise ValueError(
-        f"{paths.join(out_dir, STUDY_MARKER)} is not a train.compare marker "
+        f"{paths.join(out_dir, STUDY_MARKER)} is not a research.compare marker "
         f"(a JSON object with a string 'owner'); {_MOVE_AWAY}. "
         f"{_received(out_dir)}")
   return marker["owner"]
@@ -106,7 +106,7 @@ def check_unclaimed(out_dir, owner):
   if (owner is None and tf.io.gfile.isdir(out_dir) and
       tf.io.gfile.listdir(out_dir)):
     raise ValueError(
-        f"--out_dir={out_dir} holds files that train.compare did not write "
+        f"--out_dir={out_dir} holds files that research.compare did not write "
         f"(no {STUDY_MARKER}); nothing was changed: pick a new or empty "
         f"directory. {_received(out_dir)}")
 
@@ -119,9 +119,9 @@ def claim(out_dir, owner):
   tf.io.gfile.makedirs(out_dir)
   owner = uuid.uuid4().hex
   if not _create_json(paths.join(out_dir, STUDY_MARKER),
-                      {"owner": owner, "made_by": "train.compare",
+                      {"owner": owner, "made_by": "research.compare",
                        "created": time.time()}):
-    raise ValueError(f"another train.compare claimed --out_dir={out_dir} "
+    raise ValueError(f"another research.compare claimed --out_dir={out_dir} "
                      f"just now; nothing was changed. {_received(out_dir)}")
   return owner
 
@@ -165,7 +165,7 @@ def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
     return NEW
   if not _owns_run(run_dir, owner, strategy, seed):
     raise ValueError(
-        f"{run_dir} holds a run that this train.compare study did not make "
+        f"{run_dir} holds a run that this research.compare study did not make "
         f"(no {RUN_MARKER} naming it){_holder(run_dir)}; {_MOVE_AWAY}. "
         f"{_received(out_dir)}")
   if tf.io.gfile.exists(paths.join(run_dir, result_file)):
@@ -227,7 +227,7 @@ def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
       if foreign:
         raise ValueError(
             f"{run_dir} holds files that neither train.train nor "
-            f"train.compare writes ({', '.join(foreign)}); {_MOVE_AWAY}. "
+            f"research.compare writes ({', '.join(foreign)}); {_MOVE_AWAY}. "
             f"{_received(out_dir)}")
       for entry in entries:
         if entry not in (run_dir_lib.LOCK, RUN_MARKER):
@@ -239,7 +239,7 @@ def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
         {"owner": owner, "strategy": strategy, "seed": seed})):
       # Someone else's files arrived since the checks: leave them.
       raise ValueError(
-          f"{run_dir} holds a run that this train.compare study did not "
+          f"{run_dir} holds a run that this research.compare study did not "
           f"make (no {RUN_MARKER} naming it); {_MOVE_AWAY}. "
           f"{_received(out_dir)}")
   finally:

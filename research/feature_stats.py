@@ -1,6 +1,6 @@
 r"""What each module's output carries, as its LayerNorm-ed heads see it.
 
-  python -m train.feature_stats --model_dir=runs/study_fortunes_lm/2wise/seed_0
+  python -m research.feature_stats --model_dir=runs/study_fortunes_lm/2wise/seed_0
 
 Restores a language-model run's latest checkpoint, runs `--batches` batches
 of the validation split through its modules and prints, per module output

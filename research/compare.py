@@ -1,6 +1,6 @@
-r"""Every strategy over seeds, measured and projected: `python -m train.compare`.
+r"""Every strategy over seeds, measured and projected: `python -m research.compare`.
 
-  python -m train.compare --preset=fashion_mnist_resnet \
+  python -m research.compare --preset=fashion_mnist_resnet \
       --strategies=e2e,local,2wise,3wise --seeds=3 --train_steps=300 \
       --out_dir=runs/study_fashion_mnist
 
@@ -8,17 +8,17 @@ Each (strategy, seed) trains --train_steps steps (seed = --seed + i) in its
 own `python -m train.train` process, with --preset and every Config flag
 given here, and is evaluated on the whole evaluation split (unless
 --eval_batches is given) at --eval_points evenly spaced steps. The per-module
-op costs (`train.module_costs`) and the schedule model predict each
+op costs (`research.module_costs`) and the schedule model predict each
 strategy's step time with one core per module; the report puts the measured
 per-step curves on the measured and on the predicted time axis (see
 `tf_interlock.projection`).
 
 A run with an out_dir/<strategy>/seed_<seed>/result.json is not rerun; an
 unfinished one restarts from scratch. Writes results.json, report.md and the
-PNG plots of `train.study_report.PLOTS` to out_dir and to --report_dir.
+PNG plots of `research.study_report.PLOTS` to out_dir and to --report_dir.
 
 Compare deletes only what it made: out_dir and every run folder carry its
-marker (`train.study_owner`); a run folder that is not this study's, or an
+marker (`research.study_owner`); a run folder that is not this study's, or an
 unfinished one that a live process holds (its lock.json), is refused in one
 line before anything is written. Each spelling of --strategies is parsed:
 one strategy given twice ('2wise,pairwise') is refused.
@@ -41,8 +41,8 @@ from tf_interlock import paths
 from train import config as config_lib
 from train import error_boundary
 from train import flags_lib
-from train import study_lib
-from train import study_report
+from research import study_lib
+from research import study_report
 
 _STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
                                                "3wise"], "Strategies to run.")
@@ -122,7 +122,7 @@ def main(argv):
     raise app.UsageError("--out_dir is required")
   # This process only reads event files: keep it off the runs' GPUs.
   tf.config.set_visible_devices([], "GPU")
-  command = "python -m train.compare " + " ".join(
+  command = "python -m research.compare " + " ".join(
       shlex.quote(a) for a in sys.argv[1:])
   try:
     blocker = paths.file_above(_OUT_DIR.value)

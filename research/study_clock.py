@@ -1,6 +1,6 @@
 """A study run's clocks, read from its TensorBoard event files.
 
-`train.compare` runs each (strategy, seed) in its own `train.train` process
+`research.compare` runs each (strategy, seed) in its own `train.train` process
 and reads three clocks from the events that run wrote:
 
 * the training clock: the time spent inside the training loops, where the

@@ -1,6 +1,6 @@
 r"""Step-time benchmark: each strategy measured and modelled, vs plain Keras.
 
-  python -m train.benchmark --model=mlp --num_modules=4 \
+  python -m research.benchmark --model=mlp --num_modules=4 \
       --strategies=e2e,local,2wise,3wise --placement=simulated --json
 
 The baseline is what a user has without tf_interlock: the same layers as one
@@ -12,7 +12,7 @@ same placement and threads, and against its model-parallel peer: the best
 microbatched e2e pipeline (the fastest e2e-mM that ran, GPipe-style).
 
 --role=profile measures the op costs alone (medians of --repetitions),
-for `train.model_validation`, which predicts before it times.
+for `research.model_validation`, which predicts before it times.
 
 With --placement=simulated, TF's thread pools are fixed per process, so each
 threading plan (`tf_interlock.threading_plan`: logical devices, intra-op
@@ -37,7 +37,7 @@ from tf_interlock import placement as placement_lib  # noqa: E402
 from tf_interlock import profiling  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
 from tf_interlock import threading_plan  # noqa: E402
-from train import benchmark_lib  # noqa: E402
+from research import benchmark_lib  # noqa: E402
 from train import error_boundary  # noqa: E402
 from train import config as config_lib  # noqa: E402
 
@@ -159,7 +159,7 @@ def _flag_args(**override):
 
 
 def run_child(**override):
-  """Runs train.benchmark in a child process; its JSON report."""
+  """Runs research.benchmark in a child process; its JSON report."""
   return benchmark_lib.run_child(["--json", *_flag_args(**override)])
 
 

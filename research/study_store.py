@@ -1,4 +1,4 @@
-"""What a study (`train.compare`) stores, and reading it back checked.
+"""What a study (`research.compare`) stores, and reading it back checked.
 
 A finished run leaves out_dir/<strategy>/seed_<seed>/result.json (its
 clocks, final evaluation and curve, see `study_lib.summarize_run`) and the

@@ -1,13 +1,13 @@
-r"""train.benchmark on K virtual GPUs carved out of one physical GPU.
+r"""research.benchmark on K virtual GPUs carved out of one physical GPU.
 
-  python -m train.benchmark_virtual_gpus --virtual_gpus=4 \
+  python -m research.benchmark_virtual_gpus --virtual_gpus=4 \
       --placement=gpu --num_modules=4 --json
 
 Before TensorFlow starts, GPU 0 is split into --virtual_gpus logical GPUs
 (`tf.config.set_logical_device_configuration`, each with
 --virtual_gpu_memory_mb of memory), so that placement=gpu puts module k on
-logical GPU k; every other flag is train.benchmark's. Used by
-`train.device_check`: device configuration is fixed per process.
+logical GPU k; every other flag is research.benchmark's. Used by
+`research.device_check`: device configuration is fixed per process.
 """
 
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from train import benchmark
+from research import benchmark
 from train import error_boundary
 
 _VIRTUAL_GPUS = flags.DEFINE_integer("virtual_gpus", None,

@@ -1,8 +1,8 @@
 r"""One device per module, measured against the schedule model: `make device-check`.
 
-  python -m train.device_check --out_dir=runs/device_check
+  python -m research.device_check --out_dir=runs/device_check
 
-Runs `train.benchmark` (an MLP split into K modules, every strategy) in one
+Runs `research.benchmark` (an MLP split into K modules, every strategy) in one
 process per case, since device configuration is fixed per process:
 
 * cpu_k4, cpu_k8: K logical CPU devices, one intra-op thread each (one core
@@ -44,7 +44,7 @@ _STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
                                                "3wise"], "Strategies.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# train.benchmark sizes: (width, batch_size, timed calls, steps per call).
+# research.benchmark sizes: (width, batch_size, timed calls, steps per call).
 FULL_CPU = (1024, 512, 5, 16)
 FULL_GPU = (4096, 1024, 5, 16)
 TINY = (64, 32, 2, 4)
@@ -62,7 +62,7 @@ def plan_cases(num_cpus, num_gpus):
   for k in (4, 8):
     name = f"cpu_k{k}"
     if num_cpus >= 2 * k:
-      cases.append(dict(name=name, module="train.benchmark",
+      cases.append(dict(name=name, module="research.benchmark",
                         placement="simulated", num_modules=k, sizes=FULL_CPU,
                         env=no_gpu, extra=[]))
     else:
@@ -70,12 +70,12 @@ def plan_cases(num_cpus, num_gpus):
                                               f"this machine has {num_cpus}"})
   if not cases and not num_gpus:
     # The plain Keras baseline (its own process) is left out here.
-    cases.append(dict(name="cpu_k2_degenerate", module="train.benchmark",
+    cases.append(dict(name="cpu_k2_degenerate", module="research.benchmark",
                       placement="simulated", num_modules=2, sizes=TINY,
                       env=no_gpu, extra=["--nobaseline"]))
   if num_gpus:
     cases.append(dict(name="virtual_gpu_k4",
-                      module="train.benchmark_virtual_gpus", placement="gpu",
+                      module="research.benchmark_virtual_gpus", placement="gpu",
                       num_modules=4, sizes=FULL_GPU,
                       env={"CUDA_VISIBLE_DEVICES": "0"},
                       extra=["--virtual_gpus=4"]))
@@ -84,7 +84,7 @@ def plan_cases(num_cpus, num_gpus):
   for k in (4, 8):
     name = f"gpu_k{k}"
     if num_gpus >= k:
-      cases.append(dict(name=name, module="train.benchmark", placement="gpu",
+      cases.append(dict(name=name, module="research.benchmark", placement="gpu",
                         num_modules=k, sizes=FULL_GPU, env={}, extra=[]))
     else:
       skipped.append({"name": name, "reason": f"needs {k} GPUs; this "
@@ -93,7 +93,7 @@ def plan_cases(num_cpus, num_gpus):
 
 
 def case_args(case, strategies):
-  """train.benchmark's flags for `case`."""
+  """research.benchmark's flags for `case`."""
   width, batch, steps, per_loop = case["sizes"]
   k = case["num_modules"]
   # One device per module, one intra-op thread each: no threading plan.

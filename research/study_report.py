@@ -20,9 +20,9 @@ import tensorflow as tf
 
 from tf_interlock import paths
 from tf_interlock import projection
-from train import study_lib
-from train import study_owner
-from train import study_store
+from research import study_lib
+from research import study_owner
+from research import study_store
 
 PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
          "metric_vs_predicted_seconds.png")
@@ -31,7 +31,7 @@ PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
 READING = "reading.md"
 RESULTS = "results.json"
 REPORT = "report.md"
-COMMAND = "python -m train.compare"
+COMMAND = "python -m research.compare"
 
 
 def _is_compare_results(path):
@@ -70,7 +70,7 @@ def check_report_dir(report_dir, plots):
       any(tf.io.gfile.isdir(path) for path in present)):
     raise ValueError(
         f"--report_dir={report_dir} holds {present[0]}, which is not an "
-        f"output of train.compare (none of its reports is there); nothing "
+        f"output of research.compare (none of its reports is there); nothing "
         f"was changed: move it away or pick another directory. {received}")
 
 

@@ -1,6 +1,6 @@
-r"""Per-module op costs of a configured network: `python -m train.module_costs`.
+r"""Per-module op costs of a configured network: `python -m research.module_costs`.
 
-  python -m train.module_costs --preset=fashion_mnist_resnet \
+  python -m research.module_costs --preset=fashion_mnist_resnet \
       --out=/tmp/costs.json
 
 Builds the trainer a `train.train` run with the same flags would build (its
@@ -12,7 +12,7 @@ modules have an aux head and the number of microbatches. With
 --repetitions > 1 the costs are medians over that many full measurements,
 with their min and max ("costs_min", "costs_max").
 
-  python -m train.module_costs --preset=fashion_mnist_resnet \
+  python -m research.module_costs --preset=fashion_mnist_resnet \
       --balance_into=4 --repetitions=3 --out=docs/results/balance/x.json
 
 --balance_into=K measures the network with every block a module of its own

@@ -1,10 +1,10 @@
 r"""Validates the schedule model out of sample: predict first, then time.
 
-  python -m train.model_validation --out_dir=docs/results/model_validation
+  python -m research.model_validation --out_dir=docs/results/model_validation
 
 For every network and threading plan of the grid, in this order:
 
-1. Profile: `train.benchmark --role=profile` measures each module's op
+1. Profile: `research.benchmark --role=profile` measures each module's op
    costs in a process of its own (no strategy is timed there), as the
    median of --repetitions full measurements, with their range.
 2. Predict: the schedule model turns those costs into each strategy's step
@@ -12,7 +12,7 @@ For every network and threading plan of the grid, in this order:
    Every prediction of the grid is written to predictions.json before any
    timed run starts.
 3. Time: each cell (network, plan, strategy) runs in its own process
-   (`train.benchmark --role=worker --costs=false`), median of --steps calls
+   (`research.benchmark --role=worker --costs=false`), median of --steps calls
    of --steps_per_loop steps after 2 warm-ups; measured.json grows cell by
    cell, so an interrupted grid keeps what it measured.
 4. Report: report.md, model / measured per cell, the cells off by more
@@ -38,15 +38,15 @@ from absl import app
 from absl import flags
 
 from tf_interlock import threading_plan
-from train import benchmark_lib
+from research import benchmark_lib
 from train import config as config_lib
 from train import error_boundary
-from train import validation_report
+from research import validation_report
 
 # name -> (K, devices, intra-op threads per device).
 PLANS = {"2x1": (2, 2, 1), "4x1": (4, 4, 1), "4x2": (4, 4, 2),
          "4on2": (4, 2, 1)}
-# name -> train.benchmark flags; layers_per_module is 4 // K.
+# name -> research.benchmark flags; layers_per_module is 4 // K.
 NETWORKS = {
     "mlp": ["--model=mlp", "--width=1024", "--batch_size=512"],
     # The fashion_mnist_resnet preset's network and batch on random images.
@@ -63,7 +63,7 @@ _NETWORKS = flags.DEFINE_list("networks", list(NETWORKS),
                               f"Networks: any of {list(NETWORKS)}.")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", list(STRATEGIES),
-    "Strategy cells (train.benchmark names; e2e-mM: M microbatches).")
+    "Strategy cells (research.benchmark names; e2e-mM: M microbatches).")
 _PLANS = flags.DEFINE_list("plans", list(PLANS),
                            f"Threading plans: any of {list(PLANS)}.")
 _STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per cell.")
@@ -111,7 +111,7 @@ def validate():
 
 
 def _benchmark(network, plan, role, extra=()):
-  """Runs train.benchmark in a child process; its JSON report."""
+  """Runs research.benchmark in a child process; its JSON report."""
   k, devices, threads = PLANS[plan]
   args = [f"--role={role}",
           "--placement=simulated", f"--num_modules={k}",
@@ -152,7 +152,7 @@ def _write(name, payload):
 
 
 def _header():
-  return {"command": " ".join(["python -m train.model_validation"] +
+  return {"command": " ".join(["python -m research.model_validation"] +
                               sys.argv[1:]),
           "host": platform.node(), "machine": platform.machine(),
           "num_cores": _cores(), "onednn": runtime_env.onednn_state(),

@@ -1,6 +1,6 @@
 r"""What happens to module 1 of a Transformer LM, step by step, per strategy.
 
-  python -m train.collapse_probe --runs=e2e,2wise,2wise-sum \
+  python -m research.collapse_probe --runs=e2e,2wise,2wise-sum \
       --run_steps=150 --report_dir=docs/results/lm_collapse
 
 Trains each run of --runs from the same initialisation and data order (the
@@ -77,8 +77,8 @@ _OVERRIDES = flags.DEFINE_list(
 _REPORT_DIR = flags.DEFINE_string("report_dir", "runs/lm_collapse",
                                   "Where results.json and tables.md go.")
 # What this binary writes first: how its report is told from another's.
-_COMMAND = "python -m train.collapse_probe"
-_TABLES_HEADER = "# Module 1 per step (written by train.collapse_probe)"
+_COMMAND = "python -m research.collapse_probe"
+_TABLES_HEADER = "# Module 1 per step (written by research.collapse_probe)"
 
 
 def parse_run(spec):
@@ -338,7 +338,7 @@ def read_report(report_dir):
     if not isinstance(runs, dict) or not all(
         _is_probe_run(run) for run in runs.values()):
       raise ValueError(
-          f"--report_dir holds a results.json that train.collapse_probe did "
+          f"--report_dir holds a results.json that research.collapse_probe did "
           f"not write ({path}); pick another --report_dir, nothing was "
           f"changed. Received: report_dir={report_dir}")
   if tf.io.gfile.exists(tables):
@@ -346,7 +346,7 @@ def read_report(report_dir):
       head = f.read(len(_TABLES_HEADER))
     if head != _TABLES_HEADER:
       raise ValueError(
-          f"--report_dir holds a tables.md that train.collapse_probe did "
+          f"--report_dir holds a tables.md that research.collapse_probe did "
           f"not write ({tables}); pick another --report_dir, nothing was "
           f"changed. Received: report_dir={report_dir}")
   return runs

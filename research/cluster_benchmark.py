@@ -1,6 +1,6 @@
 r"""Measured vs predicted step times: one worker process per module.
 
-  python -m train.cluster_benchmark --model=mlp --num_workers=2
+  python -m research.cluster_benchmark --model=mlp --num_workers=2
   # -> docs/results/cluster/mlp_k2/{profile,predictions,results}.json,
   #    report.md
 
@@ -61,7 +61,7 @@ _FILES = ("profile.json", "predictions.json", "results.json", "report.md")
 
 def _spec():
   # pylint: disable=import-outside-toplevel
-  from train import benchmark_lib
+  from research import benchmark_lib
   if _MODEL.value == "resnet":
     return benchmark_lib.Spec(
         model="resnet", preset="resnet20", image_size=28, channels=1,
@@ -80,7 +80,7 @@ def profile():
   # pylint: disable=import-outside-toplevel
   from tf_interlock import placement as placement_lib
   from tf_interlock import profiling
-  from train import benchmark_lib
+  from research import benchmark_lib
   k, spec = _K.value, _spec()
   placement_lib.configure_simulated_devices(k, intra_op_threads=1,
                                             inter_op_threads=k)
@@ -102,7 +102,7 @@ def predictions(prof, link):
   import numpy as np
   from tf_interlock import schedule
   from tf_interlock import transfer
-  from train import benchmark_lib
+  from research import benchmark_lib
   costs = benchmark_lib.costs_from_ms(prof["costs_ms"])
   sizes = [4 * int(np.prod(s)) for s in prof["boundary_shapes"]]
   transfers = transfer.transfer_costs(link, sizes)
@@ -124,7 +124,7 @@ def child(role):
   from tf_interlock import cluster as cluster_lib
   from tf_interlock import placement as placement_lib
   from tf_interlock import transfer
-  from train import benchmark_lib
+  from research import benchmark_lib
   k = _K.value
   if role == "simulated":
     placement_lib.configure_simulated_devices(k, intra_op_threads=1,
@@ -155,7 +155,7 @@ def child(role):
 
 def _run_child(role, *extra):
   proc = subprocess.run(
-      [sys.executable, "-m", "train.cluster_benchmark", f"--role={role}",
+      [sys.executable, "-m", "research.cluster_benchmark", f"--role={role}",
        f"--model={_MODEL.value}", f"--num_workers={_K.value}",
        f"--steps={_STEPS.value}", f"--steps_per_loop={_LOOP.value}",
        f"--strategies={','.join(_STRATEGIES.value)}", *extra],
@@ -212,7 +212,7 @@ def _check_out_dir(out):
     clash = [n for n in _FILES if os.path.exists(os.path.join(out, n))]
     if clash:
       raise FileExistsError(
-          f"{out} holds {clash[0]}, not written by train.cluster_benchmark; "
+          f"{out} holds {clash[0]}, not written by research.cluster_benchmark; "
           f"pick another --out_dir. Received: out_dir={out}")
   os.makedirs(out, exist_ok=True)
   open(os.path.join(out, _MARKER), "w").close()
@@ -233,7 +233,7 @@ def report(rows, predicted, link, prof):
   lines = [
       f"# {_MODEL.value}, K = {k}: measured vs predicted step time", "",
       f"{name}, {_LOOP.value} steps per call, median of {_STEPS.value} calls "
-      "after 2 warm-ups, ms per step. `python -m train.cluster_benchmark "
+      "after 2 warm-ups, ms per step. `python -m research.cluster_benchmark "
       f"--model={_MODEL.value} --num_workers={k}`.", "",
       f"**The host has {cores} CPU cores**, shared with other work while "
       f"this ran. {share}", "",

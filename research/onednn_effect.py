@@ -1,11 +1,11 @@
 r"""oneDNN's effect per preset: op costs with it off and on, and what follows.
 
-  python -m train.onednn_effect \
+  python -m research.onednn_effect \
       --presets=fashion_mnist_resnet,fortunes_lm,synthetic_mlp \
       --out_dir=docs/results/onednn_effect
 
 TF reads TF_ENABLE_ONEDNN_OPTS once, when it loads, so each setting runs
-`train.module_costs` in a process of its own (the preset's model, placement
+`research.module_costs` in a process of its own (the preset's model, placement
 and batch, one thread per op). Off and on alternate for --rounds rounds and
 the median of each op cost is kept, which evens out a busy machine. From
 the costs it reports the one-thread work of a step and, through the schedule
@@ -51,25 +51,25 @@ SETTINGS = ("0", "1")  # TF_ENABLE_ONEDNN_OPTS: off, on.
 
 
 def measure_costs(preset, setting, repeats, extra):
-  """`train.module_costs` of `preset` in its own process with oneDNN at
+  """`research.module_costs` of `preset` in its own process with oneDNN at
   `setting`; its JSON, which must report the setting it ran with."""
   env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting,
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "costs.json")
     proc = subprocess.run(
-        [sys.executable, "-m", "train.module_costs", f"--preset={preset}",
+        [sys.executable, "-m", "research.module_costs", f"--preset={preset}",
          f"--repeats={repeats}", f"--out={out}",
          *[f"--{flag}" for flag in extra]],
         cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
       tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-      raise RuntimeError(f"train.module_costs --preset={preset} with "
+      raise RuntimeError(f"research.module_costs --preset={preset} with "
                          f"TF_ENABLE_ONEDNN_OPTS={setting} failed: {tail}")
     with open(out) as f:
       costs = json.load(f)
   if costs.get("onednn") != setting:
-    raise RuntimeError(f"train.module_costs ran with oneDNN "
+    raise RuntimeError(f"research.module_costs ran with oneDNN "
                        f"{costs.get('onednn')!r}, not {setting!r}. "
                        f"Received: preset={preset!r}")
   return costs
@@ -101,7 +101,7 @@ def report_markdown(results):
   """A table per preset: off, on and the speedup, work and strategies."""
   lines = ["# oneDNN off and on, per preset", "",
            f"Cores here: {results['cores']}; medians of {results['rounds']} "
-           "alternating off/on rounds of `train.module_costs`. Step times "
+           "alternating off/on rounds of `research.module_costs`. Step times "
            "are the schedule model's, from those costs.", ""]
   for preset, row in results["presets"].items():
     off, on = row["off"], row["on"]

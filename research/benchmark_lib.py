@@ -1,4 +1,4 @@
-"""What train.benchmark measures, as functions of values (no flags).
+"""What research.benchmark measures, as functions of values (no flags).
 
 One process times the strategies under one threading plan (TF's thread
 pools are fixed per process); the plain Keras baseline runs in a process of
@@ -316,7 +316,7 @@ def add_speedups(rows, e2e_row, plain_step_s):
 
 
 def run_child(args):
-  """Runs `python -m train.benchmark *args` in a child process (its own
+  """Runs `python -m research.benchmark *args` in a child process (its own
   thread pools) from the repository root; its JSON report (the last line
   of its output).
 
@@ -324,14 +324,14 @@ def run_child(args):
     RuntimeError: with the child's last line of stderr when it failed.
   """
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  args = [sys.executable, "-m", "train.benchmark", *args]
+  args = [sys.executable, "-m", "research.benchmark", *args]
   env = dict(os.environ, PYTHONPATH=root + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
                         text=True, check=False)
   if proc.returncode:
     lines = proc.stderr.strip().splitlines() or ["(no output)"]
-    raise RuntimeError(f"train.benchmark {' '.join(args[3:])} failed "
+    raise RuntimeError(f"research.benchmark {' '.join(args[3:])} failed "
                        f"(rc {proc.returncode}): {lines[-1]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -360,7 +360,7 @@ def _row_line(name, plan, row):
 
 
 def format_table(report):
-  """The human-readable report of `train.benchmark`."""
+  """The human-readable report of `research.benchmark`."""
   plain = report.get("plain_keras_step_s")
   lines = []
   if plain is not None:

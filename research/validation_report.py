@@ -1,4 +1,4 @@
-"""report.md of `train.model_validation`, from its two JSON files.
+"""report.md of `research.model_validation`, from its two JSON files.
 
 Pure Python: predictions.json (op costs per network and plan, and the step
 time the schedule model predicted from them for every cell, written before

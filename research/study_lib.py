@@ -1,16 +1,16 @@
-"""The runs of a multi-seed study (`train.compare`).
+"""The runs of a multi-seed study (`research.compare`).
 
 Each (strategy, seed) trains for the same number of steps in its own
 `python -m train.train` process into out_dir/<strategy>/seed_<seed>, and is
 evaluated on the whole evaluation split at `eval_points` evenly spaced steps;
-`train.study_clock` reads its clocks from the run's event files.
+`research.study_clock` reads its clocks from the run's event files.
 
-Then the per-module op costs (`train.module_costs`, own process) and the
+Then the per-module op costs (`research.module_costs`, own process) and the
 schedule model give each strategy's predicted step time: with as many cores
 as here, and with one core per module.
 
 `check_study` reads everything stored in out_dir before the first write:
-run folders must be this study's (`train.study_owner`), stored results and
+run folders must be this study's (`research.study_owner`), stored results and
 op costs complete and made with the same settings, no run in use.
 """
 
@@ -30,9 +30,9 @@ from tf_interlock import projection
 from tf_interlock import schedule
 from tf_interlock import strategy as strategy_lib
 from train import config as config_lib
-from train import study_clock
-from train import study_owner
-from train import study_store
+from research import study_clock
+from research import study_owner
+from research import study_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Config fields that compare sets itself, and the flag that sets them.
@@ -273,7 +273,7 @@ def measure_costs(study, repeats=10):
   if stored is not None:
     return stored
   raw = path + ".raw"
-  launch("train.module_costs", train_args(
+  launch("research.module_costs", train_args(
       study, study.strategies[0], out=raw, repeats=repeats),
          os.path.join(study.out_dir, "logs", "module_costs.log"))
   with tf.io.gfile.GFile(raw) as f:
