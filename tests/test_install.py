@@ -1,9 +1,11 @@
-"""pyproject.toml: `pip install .` ships every package of the tree.
+"""pyproject.toml: `pip install .` ships the library and nothing else.
 
 This test checks what decides the install's contents: the configuration
 parses with the setuptools of this environment, and its package list is
-exactly the package folders (with an __init__.py) of the library and the
-binaries. tests/test_readme.py runs a real, offline `pip install --target`
+exactly the package folders (with an __init__.py) of what a library user
+imports, tf_interlock and layers; the binaries (train/) and the research
+tools (research/) run from a checkout, so no generic top-level `train` or
+`research` lands in site-packages. tests/test_readme.py runs a real, offline `pip install --target`
 and the README's examples against it.
 """
 
@@ -15,7 +17,7 @@ from setuptools.config import pyprojecttoml
 # realpath: under `bazel test` this file is a runfiles symlink into the
 # checkout, whose package folders the test compares with.
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-TOP_LEVEL = ("tf_interlock", "layers", "train")
+TOP_LEVEL = ("tf_interlock", "layers")
 
 
 def _package_folders():
@@ -40,4 +42,6 @@ def test_pyproject_lists_every_package():
       for dep in config["project"]["dependencies"]}
   assert sorted(config["tool"]["setuptools"]["packages"]) == (
       _package_folders())
+  assert not {"train", "research"} & {
+      name.split(".")[0] for name in config["tool"]["setuptools"]["packages"]}
 

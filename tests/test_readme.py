@@ -21,7 +21,7 @@ import tf_interlock  # noqa: F401  pylint: disable=unused-import
 # realpath: under `bazel test` this file is a runfiles symlink into the
 # checkout, which holds every package pip installs.
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-SOURCES = ("pyproject.toml", "README.md", "tf_interlock", "layers", "train")
+SOURCES = ("pyproject.toml", "README.md", "tf_interlock", "layers")
 
 
 def _blocks():
@@ -63,13 +63,38 @@ def _run(code, cwd, site):
 
 
 def test_installed_copy_is_the_one_imported(installed, tmp_path):
-  out = _run("import tf_interlock as ti, layers, train\n"
+  out = _run("import importlib.util\n"
+             "import tf_interlock as ti, layers\n"
              "print(ti.__file__); print(layers.__file__)\n"
              "print(ti.InterlockModel, ti.from_keras, ti.InterlockModule,"
-             " ti.InterlockTrainer, ti.placement.make_placement)\n",
+             " ti.InterlockTrainer, ti.placement.make_placement)\n"
+             "print([importlib.util.find_spec(name)"
+             " for name in ('train', 'research')])\n",
              tmp_path, installed)
   lines = out.splitlines()
   assert all(line.startswith(str(installed)) for line in lines[:2]), lines
+  # Only the library is installed: no generic top-level binaries package.
+  assert lines[-1] == "[None, None]"
+  assert sorted(os.listdir(installed)) == [
+      name for name in sorted(os.listdir(installed))
+      if name.startswith(("tf_interlock", "layers"))]
+
+
+def test_another_layers_package_first_on_the_path_fails_in_one_line(
+    installed, tmp_path):
+  shadow = tmp_path / "shadow" / "layers"
+  shadow.mkdir(parents=True)
+  (shadow / "__init__.py").write_text("")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=f"{tmp_path / 'shadow'}{os.pathsep}{installed}")
+  proc = subprocess.run([sys.executable, "-c", "import tf_interlock"],
+                        cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "ImportError: tf_interlock needs its own `layers` package, installed "
+      "beside it; another one comes first on sys.path. Received: "
+      f"layers={shadow}")
 
 
 def test_readme_has_the_trainer_and_the_keras_examples():

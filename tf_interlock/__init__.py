@@ -25,6 +25,20 @@ the aux heads and the ready-made ResNet and Transformer blocks), so
 # tf_interlock. The ready-made networks are imported for their registered
 # classes, so a saved model that holds them loads.
 # pylint: disable=unused-import
+import os as _os
+
+import layers as _layers
+
+# `layers` is a generic top-level name; ours is installed next to this
+# package (pip and a checkout alike). Another project's `layers` earlier on
+# sys.path would otherwise fail later, far from the cause.
+if (_os.path.dirname(_os.path.dirname(_os.path.abspath(_layers.__file__)))
+    != _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))):
+  raise ImportError(
+      "tf_interlock needs its own `layers` package, installed beside it; "
+      "another one comes first on sys.path. Received: "
+      f"layers={_os.path.dirname(_os.path.abspath(_layers.__file__))}")
+
 import layers.aux_heads  # noqa: F401
 import layers.resnet  # noqa: F401
 import layers.transformer  # noqa: F401
