@@ -1,6 +1,6 @@
-"""Client side of the cluster equality test: `python tests/cluster_client.py`.
+"""Client side of the cluster equality test: `python -m tests.cluster_client`.
 
-  python tests/cluster_client.py CLUSTER K,K,... STRATEGY,STRATEGY,...
+  python -m tests.cluster_client CLUSTER K,K,... STRATEGY,STRATEGY,...
 
 A process connects to a cluster once, so one process does every check: for
 each K and strategy it trains the same MLP for 20 steps with

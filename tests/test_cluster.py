@@ -36,8 +36,7 @@ def test_weights_equal_the_simulated_run(cluster):
   """K = 2 and 3 modules on K worker processes train exactly as K logical
   CPUs in one process do: same weights after 20 steps, for every strategy."""
   proc = subprocess.run(
-      [sys.executable, os.path.join(cluster_procs.ROOT, "tests",
-                                    "cluster_client.py"),
+      [sys.executable, "-m", "tests.cluster_client",
        cluster, "2,3", ",".join(STRATEGIES)],
       cwd=cluster_procs.ROOT, env=cluster_procs.env(), capture_output=True,
       text=True, timeout=900)
