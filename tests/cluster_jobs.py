@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests import binaries
+from tests import replica_job
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -97,6 +98,41 @@ def run_cluster(module, args_per_task, log_dir, timeout_s=600, chief=False,
       if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+def run_replica_jobs(tmp_path, mode, strategies, chief=False):
+  """Two `tests.replica_job` processes, each checked against one process.
+
+  Each trains `strategies` on half of every global batch; every task's
+  weights and whole-batch metrics must equal one process's run on the whole
+  batch (1e-5).
+
+  Args:
+    tmp_path: the test's temporary folder.
+    mode: replica_job's mode ("modules": replicas x modules by collectives;
+      "mirrored": MultiWorkerMirroredStrategy).
+    strategies: strategy names.
+    chief: whether task 0 is a chief (TF_CONFIG) rather than a worker.
+
+  Returns:
+    Each task's saved arrays (np.load of its .npz).
+  """
+  outs = [tmp_path / f"task_{i}.npz" for i in range(2)]
+  run_cluster("tests.replica_job", [[out, mode, *strategies] for out in outs],
+              tmp_path, chief=chief)
+  saved = [np.load(out) for out in outs]
+  for strategy in strategies:
+    weights, metrics, _ = replica_job.train(strategy)
+    for task, run in enumerate(saved):
+      for i, expected in enumerate(weights):
+        np.testing.assert_allclose(run[f"{strategy}/w{i}"], expected,
+                                   atol=1e-5, err_msg=f"{strategy} {task}")
+      # Every process reports the whole batch's loss and accuracy.
+      for key, value in metrics.items():
+        if not key.endswith("grad_norm"):  # replica-local by definition
+          np.testing.assert_allclose(run[f"{strategy}/{key}"], value,
+                                     atol=1e-5, err_msg=key)
+  return saved
 
 
 def train_binary_flags(placement):
