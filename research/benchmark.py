@@ -44,25 +44,44 @@ from train import config as config_lib  # noqa: E402
 _MODEL = flags.DEFINE_string(
     "model", "mlp", "Network: mlp, resnet or lm (the fortunes Transformer "
     "LM's shape, --layers_per_module blocks per module, random token ids).")
-_PRESET = flags.DEFINE_string("preset", "resnet20", "ResNet preset.")
-_NUM_MODULES = flags.DEFINE_integer("num_modules", 4, "K.")
+_PRESET = flags.DEFINE_string(
+    "preset", "resnet20", "model=resnet: depth, one of resnet20/32/56/110 "
+    "(CIFAR stem) or resnet18/34/50/101 (ImageNet stem).")
+_NUM_MODULES = flags.DEFINE_integer(
+    "num_modules", 4, "K, modules the network is split into depthwise "
+    "(>= 1; at most its blocks).")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "e2e-m2", "e2e-m4", "e2e-m8", "local", "2wise",
                    "3wise"],
     "Strategies; NAME-mM trains NAME with M microbatches per step (e2e-m4: "
     "the GPipe-style e2e pipeline, the peer of every strategy).")
-_PLACEMENT = flags.DEFINE_string("placement", "simulated",
-                                 "single, simulated or gpu.")
-_BATCH = flags.DEFINE_integer("batch_size", 512, "Global batch size.")
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed loop calls per strategy.")
-_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 16,
-                                       "Steps per tf.function call.")
-_WIDTH = flags.DEFINE_integer("width", 1024, "MLP width.")
-_LAYERS = flags.DEFINE_integer("layers_per_module", 1, "MLP layers/module.")
-_IMAGE = flags.DEFINE_integer("image_size", 32, "ResNet input size.")
-_CHANNELS = flags.DEFINE_integer("channels", 3, "ResNet input channels.")
-_RESNET_AUX = flags.DEFINE_string("resnet_aux_head", "authors",
-                                  "ResNet aux head: authors or pool.")
+_PLACEMENT = flags.DEFINE_string(
+    "placement", "simulated", "Where modules run: single (one device), "
+    "simulated (logical CPU devices, a threading plan each) or gpu.")
+_BATCH = flags.DEFINE_integer(
+    "batch_size", 512, "Global batch per step, in examples (lm: "
+    "sequences); divisible by the M of every e2e-mM cell.")
+_STEPS = flags.DEFINE_integer(
+    "steps", 5, "Timed calls (>= 1) per strategy after 2 warm-up calls; "
+    "their median is reported.")
+_STEPS_PER_LOOP = flags.DEFINE_integer(
+    "steps_per_loop", 16, "Training steps unrolled in each timed "
+    "tf.function call (>= 1).")
+_WIDTH = flags.DEFINE_integer(
+    "width", 1024, "model=mlp: units of every hidden Dense layer "
+    "(>= 1).")
+_LAYERS = flags.DEFINE_integer(
+    "layers_per_module", 1, "Blocks per module (>= 1): hidden Dense layers "
+    "(mlp) or Transformer blocks (lm).")
+_IMAGE = flags.DEFINE_integer(
+    "image_size", 32, "model=resnet: height and width of the random input "
+    "images, in pixels (>= 1).")
+_CHANNELS = flags.DEFINE_integer(
+    "channels", 3, "model=resnet: channels of the random input images "
+    "(>= 1; 3: RGB).")
+_RESNET_AUX = flags.DEFINE_string(
+    "resnet_aux_head", "authors", "model=resnet: aux head of modules "
+    "1..K-1, authors (conv 128 -> conv 64 -> pool -> dense) or pool.")
 _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "role=profile: how often every op cost is measured "
     "(its median and range are reported).")
@@ -93,7 +112,9 @@ _FIT = flags.DEFINE_bool(
 _ROLE = flags.DEFINE_string(
     "role", "main", "Internal: main, worker (one threading plan) or "
     "baseline (plain Keras, default threading).")
-_JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
+_JSON = flags.DEFINE_bool(
+    "json", False, "Print the report as one JSON object on stdout instead "
+    "of the table.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the JSON report to this file (gfile path).")
 

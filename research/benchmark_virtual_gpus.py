@@ -20,10 +20,12 @@ import tensorflow as tf
 from research import benchmark
 from train import error_boundary
 
-_VIRTUAL_GPUS = flags.DEFINE_integer("virtual_gpus", None,
-                                     "Logical GPUs to make on GPU 0.")
-_MEMORY_MB = flags.DEFINE_integer("virtual_gpu_memory_mb", 4096,
-                                  "Memory of each logical GPU, MiB.")
+_VIRTUAL_GPUS = flags.DEFINE_integer(
+    "virtual_gpus", None, "Logical GPUs (>= 1) to carve out of physical "
+    "GPU 0 before TensorFlow starts (required).")
+_MEMORY_MB = flags.DEFINE_integer(
+    "virtual_gpu_memory_mb", 4096, "Memory of each logical GPU, in MiB "
+    "(>= 1); all of them must fit on GPU 0.")
 
 
 def configure_virtual_gpus(count, memory_mb):

@@ -41,19 +41,33 @@ from train import error_boundary  # noqa: E402
 
 _ROLE = flags.DEFINE_enum("role", "parent", ["parent", "profile", "cluster",
                                              "simulated"],
-                          "parent runs the others, in processes of their own.")
+                          "parent (the user's) runs profile, cluster and "
+                          "simulated, each in a process of its own.")
 _OUT = flags.DEFINE_string(
-    "out_dir", None, "Output folder; default docs/results/cluster/MODEL_kK.")
-_MODEL = flags.DEFINE_string("model", "mlp", "mlp or resnet.")
-_K = flags.DEFINE_integer("num_workers", 2,
-                          "K: modules and worker processes (2 or 4).")
+    "out_dir", None, "Folder of profile/predictions/results.json and "
+    "report.md; default: docs/results/cluster/MODEL_kK.")
+_MODEL = flags.DEFINE_string(
+    "model", "mlp", "Network: mlp (width 1024, batch 512) or resnet "
+    "(fashion_mnist_resnet's ResNet-20, batch 128).")
+_K = flags.DEFINE_integer(
+    "num_workers", 2, "K: modules, and worker processes on 127.0.0.1, one "
+    "module each (2 or 4).")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "local", "2wise", "e2e-m2", "e2e-m4", "e2e-m8"],
-    "Cells; NAME-mM: NAME with M microbatches per step.")
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per cell.")
-_LOOP = flags.DEFINE_integer("steps_per_loop", 16, "Steps per timed call.")
-_CLUSTER = flags.DEFINE_string("cluster", None, "role=cluster: workers.")
-_PROFILE = flags.DEFINE_string("profile", None, "role=cluster: profile.json.")
+    "Strategies timed (cells), comma-separated; NAME-mM: NAME with M "
+    "microbatches per step (e2e-m4: the GPipe-style pipeline).")
+_STEPS = flags.DEFINE_integer(
+    "steps", 5, "Timed calls (>= 1) per cell after 2 warm-up calls; their "
+    "median is reported.")
+_LOOP = flags.DEFINE_integer(
+    "steps_per_loop", 16, "Training steps unrolled in each timed "
+    "tf.function call (>= 1).")
+_CLUSTER = flags.DEFINE_string(
+    "cluster", None, "Internal, role=cluster: comma-separated host:port of "
+    "the workers the parent started.")
+_PROFILE = flags.DEFINE_string(
+    "profile", None, "Internal, role=cluster: the profile.json the profile "
+    "role wrote, for the predictions.")
 
 _MARKER = ".written_by_cluster_benchmark"
 _FILES = ("profile.json", "predictions.json", "results.json", "report.md")

@@ -63,19 +63,29 @@ TABLE_STEPS = (0, 10, 20, 30, 40, 60, 80, 100, 150, 200, 300)
 
 _RUNS = flags.DEFINE_list(
     "runs", ["e2e", "2wise", "2wise-sum"],
-    f"STRATEGY or STRATEGY/ABLATION, ABLATION one of {ABLATIONS}.")
-_LM_PRESET = flags.DEFINE_string("lm_preset", "fortunes_lm",
-                                 "Preset of the language model.")
-_RUN_STEPS = flags.DEFINE_integer("run_steps", 150, "Steps per run.")
+    "Runs, comma-separated: STRATEGY or STRATEGY/ABLATION, ABLATION one "
+    f"of {ABLATIONS}.")
+_LM_PRESET = flags.DEFINE_string(
+    "lm_preset", "fortunes_lm", "train/presets name of the Transformer "
+    "language model every run trains (on one device).")
+_RUN_STEPS = flags.DEFINE_integer(
+    "run_steps", 150, "Training steps (>= 1) of each run, from the "
+    "same initialisation and data order.")
 _SCHEDULE_STEPS = flags.DEFINE_integer(
-    "schedule_steps", 300, "The LR schedule is that of a run this long.")
-_PROBE_EVERY = flags.DEFINE_integer("probe_every", 5, "Steps between probes.")
-_INIT_SEED = flags.DEFINE_integer("init_seed", 0, "Seed of every run.")
+    "schedule_steps", 300, "Steps of the run whose learning-rate schedule "
+    "every run follows (the study's 300).")
+_PROBE_EVERY = flags.DEFINE_integer(
+    "probe_every", 5, "Training steps (>= 1) between two probes of module "
+    "1's output h_1.")
+_INIT_SEED = flags.DEFINE_integer(
+    "init_seed", 0, "Seed of every run's initial weights and data order "
+    "(the same for all runs).")
 _OVERRIDES = flags.DEFINE_list(
     "overrides", [], "Config fields for every run, e.g. optimizer=sgd,"
     "learning_rate=0.1; the run's name gets them as a suffix.")
-_REPORT_DIR = flags.DEFINE_string("report_dir", "runs/lm_collapse",
-                                  "Where results.json and tables.md go.")
+_REPORT_DIR = flags.DEFINE_string(
+    "report_dir", "runs/lm_collapse", "Folder of results.json (merged by "
+    "run name) and tables.md (rewritten).")
 # What this binary writes first: how its report is told from another's.
 _COMMAND = "python -m research.collapse_probe"
 _TABLES_HEADER = "# Module 1 per step (written by research.collapse_probe)"

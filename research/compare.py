@@ -44,26 +44,37 @@ from train import flags_lib
 from research import study_lib
 from research import study_report
 
-_STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
-                                               "3wise"], "Strategies to run.")
+_STRATEGIES = flags.DEFINE_list(
+    "strategies", ["e2e", "local", "2wise", "3wise"], "Strategies to train, "
+    "comma-separated (e2e, local, Nwise, Nwise-sum), each with its own "
+    "variant.")
 _SEEDS = flags.DEFINE_integer("seeds", 1, "Runs per strategy (seed = --seed "
                               "+ i).")
 _EVAL_POINTS = flags.DEFINE_integer(
-    "eval_points", 10, "Evenly spaced evaluations per run (>= 2).")
+    "eval_points", 10, "Evaluations per run (>= 2), evenly spaced in "
+    "steps; the curves and time-to-target use them.")
 _TARGET = flags.DEFINE_float(
-    "target", None, "Metric to reach; default: e2e's mean final metric.")
+    "target", None, "Eval metric (accuracy or perplexity) whose time to "
+    "reach is reported; default: e2e's mean final metric.")
 _JOBS = flags.DEFINE_integer(
     "jobs", 1, "Runs at a time; > 1 overlaps them (the report says so).")
-_PLOTS = flags.DEFINE_bool("plots", True, "Draw the PNG plots (matplotlib).")
-_COST_REPEATS = flags.DEFINE_integer("cost_repeats", 10,
-                                     "Timed calls per op for the op costs.")
-_OUT_DIR = flags.DEFINE_string("out_dir", None, "Runs and reports go here.")
+_PLOTS = flags.DEFINE_bool(
+    "plots", True, "Draw the report's PNG plots with matplotlib (false: "
+    "report and results only).")
+_COST_REPEATS = flags.DEFINE_integer(
+    "cost_repeats", 10, "Timed calls (>= 1) per op when measuring the op "
+    "costs for the schedule model.")
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", None, "Folder (required) of one run per strategy and seed, "
+    "the report, results and plots; reruns reuse it.")
 _REPORT_DIR = flags.DEFINE_string(
     "report_dir", None, "Also write the report, results and plots here "
     "(e.g. docs/results/NAME); default: only --out_dir.")
 _BREAK_LOCK = flags.DEFINE_bool(
     "break_lock", False, "Restart an unfinished run although the process "
     "holding its lock.json looks alive (it is known to be dead).")
+# --help lists the Config flags too: each run takes them.
+flags.adopt_module_key_flags(flags_lib)
 
 
 def make_study(strategies, seeds, eval_points, jobs, out_dir):

@@ -36,12 +36,15 @@ import tensorflow as tf
 from train import config as config_lib
 from train import error_boundary
 
-_OUT_DIR = flags.DEFINE_string("out_dir", "runs/device_check",
-                               "Where device_check.json/.md go.")
-_TIME_LIMIT_S = flags.DEFINE_float("time_limit_s", 480.0,
-                                   "Seconds for all cases together.")
-_STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise",
-                                               "3wise"], "Strategies.")
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", "runs/device_check", "Folder device_check.json and "
+    "device_check.md are written to.")
+_TIME_LIMIT_S = flags.DEFINE_float(
+    "time_limit_s", 480.0, "Seconds (> 0) for all cases together; the "
+    "check stops with an error past it.")
+_STRATEGIES = flags.DEFINE_list(
+    "strategies", ["e2e", "local", "2wise", "3wise"], "Strategies every "
+    "case times, comma-separated (research.benchmark names).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # research.benchmark sizes: (width, batch_size, timed calls, steps per call).

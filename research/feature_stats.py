@@ -28,8 +28,12 @@ from train import config as config_lib
 from train import run_io
 from train import setup_lib
 
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "A language-model run.")
-_BATCHES = flags.DEFINE_integer("batches", 8, "Validation batches to use.")
+_MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Run directory of a train.train language-model run "
+    "(required); its latest checkpoint is read.")
+_BATCHES = flags.DEFINE_integer(
+    "batches", 8, "Batches (>= 1) of the validation split the statistics "
+    "are computed over.")
 
 
 def run_stats(model_dir, batches):

@@ -58,7 +58,9 @@ NETWORKS = {
 STRATEGIES = ("e2e", "e2e-m2", "e2e-m4", "e2e-m8", "local", "2wise", "3wise")
 LAYERS = 4
 
-_OUT_DIR = flags.DEFINE_string("out_dir", None, "Folder of the results.")
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", None, "Folder (required) of predictions.json, measured.json "
+    "and report.md.")
 _NETWORKS = flags.DEFINE_list("networks", list(NETWORKS),
                               f"Networks: any of {list(NETWORKS)}.")
 _STRATEGIES = flags.DEFINE_list(
@@ -66,11 +68,15 @@ _STRATEGIES = flags.DEFINE_list(
     "Strategy cells (research.benchmark names; e2e-mM: M microbatches).")
 _PLANS = flags.DEFINE_list("plans", list(PLANS),
                            f"Threading plans: any of {list(PLANS)}.")
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per cell.")
-_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 8,
-                                       "Steps per timed call.")
+_STEPS = flags.DEFINE_integer(
+    "steps", 5, "Timed calls (>= 1) per cell after 2 warm-up calls; their "
+    "median is reported.")
+_STEPS_PER_LOOP = flags.DEFINE_integer(
+    "steps_per_loop", 8, "Training steps unrolled in each timed "
+    "tf.function call (>= 1).")
 _REPETITIONS = flags.DEFINE_integer(
-    "repetitions", 3, "Full op-cost measurements per network and plan.")
+    "repetitions", 3, "Full op-cost measurements (>= 1) per network and "
+    "plan; predictions use their medians.")
 _CORES = flags.DEFINE_integer(
     "num_cores", None, "Cores of the host (default: those this process may "
     "use).")

@@ -43,13 +43,20 @@ from train import flags_lib
 from train import setup_lib
 from train import train_lib
 
-_OUT = flags.DEFINE_string("out", None, "JSON file to write.")
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per op.")
+_OUT = flags.DEFINE_string(
+    "out", None, "JSON file (required, local or gs://) the op costs are "
+    "written to.")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 10, "Timed calls (>= 1) per op in one measurement; an op's "
+    "cost is their median.")
 _REPETITIONS = flags.DEFINE_integer(
-    "repetitions", 1, "Full measurements; costs are their medians.")
+    "repetitions", 1, "Full measurements (>= 1); costs are their medians, "
+    "with min and max.")
 _BALANCE_INTO = flags.DEFINE_integer(
     "balance_into", None, "Measure every block as a module of its own and "
     "split the network into this many modules by measured time.")
+# --help lists the Config flags too: they configure the measured network.
+flags.adopt_module_key_flags(flags_lib)
 
 
 def per_block(config):

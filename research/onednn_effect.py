@@ -38,10 +38,15 @@ _PRESETS = flags.DEFINE_list(
     "Presets to measure (each with its own model, placement and batch).")
 _STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise"],
                                 "Strategies the schedule model times.")
-_ROUNDS = flags.DEFINE_integer("rounds", 2, "Off/on pairs per preset.")
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per op.")
-_OUT_DIR = flags.DEFINE_string("out_dir", "runs/onednn_effect",
-                               "Where onednn_effect.json/.md go.")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 2, "Off/on measurement pairs (>= 1) per preset; op costs are "
+    "their medians.")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 10, "Timed calls (>= 1) per op in one measurement "
+    "(research.module_costs --repeats).")
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", "runs/onednn_effect", "Folder onednn_effect.json and "
+    "onednn_effect.md are written to.")
 _EXTRA = flags.DEFINE_list("extra_flags", [],
                            "More train flags for every preset (e.g. smaller "
                            "sizes), without dashes: mlp_width=64.")

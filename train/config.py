@@ -50,75 +50,183 @@ PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "fortunes_lm_paper_shape",
            "synthetic_mlp")
 
 
+def _field(default, help_text):
+  """A `Config` field: its default and the one-line help of its flag.
+
+  The help is stored once, here, and `train/flags_lib.py` gives it to the
+  flag of the same name, so the two cannot drift apart.
+  """
+  return dataclasses.field(default=default, metadata={"help": help_text})
+
+
+def field_help(name):
+  """The one-line help of `Config` field `name` (its flag's help)."""
+  return _FIELDS[name].metadata["help"]
+
+
+def _one_of(choices):
+  return "one of " + ", ".join(choices)
+
+
 @dataclasses.dataclass
 class Config:
-  """Everything one training run needs."""
+  """Everything one training run needs; each field's help is its flag's."""
   # Model.
-  model: str = "resnet"
-  resnet_preset: str = "resnet20"
-  resnet_width: float = 1.0
-  aux_head: str = "authors"
-  split: Optional[Tuple[int, ...]] = None
-  vocab_kind: str = "wordpiece"
-  vocab_size: int = 4000
-  seq_len: int = 64
-  num_layers: int = 4
-  d_model: int = 128
-  num_heads: int = 4
-  mlp_dim: int = 512
-  mlp_width: int = 256
+  model: str = _field("resnet", f"Network to train: {_one_of(MODELS)} "
+                      "(transformer needs a text dataset).")
+  resnet_preset: str = _field(
+      "resnet20", "model=resnet: depth and stem, one of resnet20/32/56/110 "
+      "(CIFAR) or resnet18/34/50/101 (ImageNet).")
+  resnet_width: float = _field(
+      1.0, "model=resnet: multiplier (> 0) of every stage's channel count; "
+      "1 is the published width.")
+  aux_head: str = _field(
+      "authors", f"Aux head A_k of modules 1..K-1: {_one_of(AUX_HEADS)} "
+      "(authors: conv 128 -> conv 64 -> pool -> dense; pool: pool -> "
+      "dense).")
+  split: Optional[Tuple[int, ...]] = _field(
+      None, "Comma-separated block counts per module, K positive counts "
+      "adding up to the network's blocks (model=mlp: hidden layers per "
+      "module); none: balanced (mlp: 1 each).")
+  vocab_kind: str = _field(
+      "wordpiece", f"Text datasets: tokenizer, {_one_of(VOCAB_KINDS)} "
+      "(the vocabulary is learnt from the training split).")
+  vocab_size: int = _field(
+      4000, "Text datasets: tokens in the vocabulary (>= 1), including the "
+      "reserved ones.")
+  seq_len: int = _field(64, "model=transformer: tokens per training "
+                        "sequence (>= 1); the corpus is cut into windows "
+                        "of seq_len + 1 tokens.")
+  num_layers: int = _field(4, "model=transformer: Transformer blocks (>= K), "
+                           "split between the modules.")
+  d_model: int = _field(128, "model=transformer: width of the residual "
+                        "stream and token embedding (>= 1).")
+  num_heads: int = _field(4, "model=transformer: attention heads per block "
+                          "(>= 1).")
+  mlp_dim: int = _field(512, "model=transformer: hidden units of each "
+                        "block's feed-forward layer (>= 1).")
+  mlp_width: int = _field(256, "model=mlp: units of every hidden Dense "
+                          "layer (>= 1).")
   # Data.
-  dataset: str = "fashion_mnist"
-  data_dir: Optional[str] = None
-  source_dir: Optional[str] = None
-  augment: bool = True
+  dataset: str = _field(
+      "fashion_mnist", "Data: " + _one_of(IMAGE_DATASETS + TEXT_DATASETS +
+                                          SYNTHETIC) + ".")
+  data_dir: Optional[str] = _field(
+      None, "TFDS data folder (prepared datasets, text vocabularies); may be "
+      "new if its parent is writable; none: TFDS's default.")
+  source_dir: Optional[str] = _field(
+      None, "Existing folder of raw files: fashion_mnist's four IDX files, "
+      "or the text of fortunes/text_files; none: the Debian packages'.")
+  augment: bool = _field(True, "Image datasets: random crop and flip of "
+                         "training images (true/false).")
   # Strategy and placement.
-  strategy: str = "2wise"
-  # "only" or "sum"; None: the strategy's suffix ("2wise-sum"), else "only".
-  variant: Optional[str] = None
-  num_modules: int = 4
-  placement: str = "single"
-  # placement=simulated only: intra-op threads per logical CPU device and
-  # modules per device (0: chosen by the schedule model for this host's
-  # cores, `tf_interlock.threading_plan`). 1 and 1 is one core per module.
-  threads_per_device: int = 1
-  modules_per_device: int = 1
-  num_microbatches: int = 1
-  tpu: Optional[str] = None
-  # placement=cluster: the workers' host:port list (None: TF_CONFIG's worker
-  # job), modules on each worker (module k on worker k // modules_per_worker)
-  # and how long the trainer waits for every worker to come up.
-  cluster: Optional[str] = None
-  modules_per_worker: int = 1
-  cluster_timeout_s: float = 60.0
-  mixed_precision: str = "float32"
+  strategy: str = _field(
+      "2wise", "Interlocking window n: e2e, local (n=1), pairwise (n=2) or "
+      "Nwise (2wise, 3wise, ...), optionally suffixed -only or -sum.")
+  variant: Optional[str] = _field(
+      None, "Nwise gradient of theta_k: only (L_target(k), the released "
+      "rule) or sum (L_k + ... + L_target(k)); none: the --strategy suffix, "
+      "else only.")
+  num_modules: int = _field(4, "K, modules the network is split into "
+                            "depthwise (>= 1; at most the network's blocks, "
+                            "64 for the mlp).")
+  placement: str = _field(
+      "single", "Where modules run: single, simulated (K logical CPUs), gpu, "
+      "tpu or cluster (module k on a worker of --cluster; "
+      "docs/multi_host.md).")
+  threads_per_device: int = _field(
+      1, "placement=simulated: intra-op threads of each logical CPU device "
+      "(>= 0; 0: chosen by the schedule model for this host's cores).")
+  modules_per_device: int = _field(
+      1, "placement=simulated: modules on each logical CPU device; divides "
+      "num_modules (0: chosen by the schedule model).")
+  num_microbatches: int = _field(
+      1, "Microbatches each replica's batch is cut into per step (>= 1, "
+      "GPipe style); must divide the per-replica batch.")
+  tpu: Optional[str] = _field(
+      None, "placement=tpu: Cloud TPU name or grpc:// address; required "
+      "there, none elsewhere.")
+  cluster: Optional[str] = _field(
+      None, "placement=cluster: comma-separated host:port of every worker "
+      "(python -m train.worker), in task order; none: TF_CONFIG's worker "
+      "job.")
+  modules_per_worker: int = _field(
+      1, "placement=cluster: modules on each worker (>= 1); module k runs "
+      "on worker k // modules_per_worker.")
+  cluster_timeout_s: float = _field(
+      60.0, "placement=cluster: seconds (> 0) to wait for every worker to "
+      "accept connections before naming the missing ones.")
+  mixed_precision: str = _field(
+      "float32", f"Compute dtype: {_one_of(PRECISIONS)} (bfloat16: Keras's "
+      "mixed_bfloat16 policy, float32 weights).")
   # Optimization (each module gets its own optimizer of this kind).
-  optimizer: str = "sgd"
-  learning_rate: float = 0.1
-  momentum: float = 0.9
-  weight_decay: float = 0.0
-  lr_schedule: str = "constant"
-  lr_decay_fractions: Tuple[float, ...] = (0.5, 0.75)
-  lr_decay_factor: float = 0.1
-  warmup_steps: int = 0
+  optimizer: str = _field("sgd", f"Each module's own optimizer: "
+                          f"{_one_of(OPTIMIZERS)}.")
+  learning_rate: float = _field(
+      0.1, "Peak learning rate of every module (> 0), reached after "
+      "--warmup_steps.")
+  momentum: float = _field(0.9, "optimizer=sgd: momentum, in [0, 1) "
+                           "(0: plain SGD).")
+  weight_decay: float = _field(
+      0.0, "Decoupled weight decay per step (>= 0; 0: none), applied by the "
+      "optimizer to every weight.")
+  lr_schedule: str = _field(
+      "constant", f"Learning rate after warmup: {_one_of(SCHEDULES)} (step "
+      "and cosine need --train_steps or --epochs).")
+  lr_decay_fractions: Tuple[float, ...] = _field(
+      (0.5, 0.75), "lr_schedule=step: comma-separated increasing fractions "
+      "of the run, each in (0, 1), where the rate drops.")
+  lr_decay_factor: float = _field(
+      0.1, "lr_schedule=step: factor (> 0) the rate is multiplied by at "
+      "each --lr_decay_fractions point.")
+  warmup_steps: int = _field(
+      0, "Steps (>= 0, < train_steps) of linear rise from 0 to "
+      "--learning_rate before the schedule; 0: none.")
   # Loop.
-  batch_size: int = 128
-  train_steps: Optional[int] = 300
-  epochs: Optional[float] = None
-  time_budget_s: Optional[float] = None
-  steps_per_loop: int = 10
-  eval_every_steps: int = 100
-  eval_batches: Optional[int] = None
-  checkpoint_every_steps: int = 100
-  keep_checkpoints: int = 3
-  on_nan: str = "stop"
-  seed: int = 0
-  deterministic: bool = False
+  batch_size: int = _field(
+      128, "Global batch, in examples (text: sequences) per step over all "
+      "replicas; divides into replicas x microbatches.")
+  train_steps: Optional[int] = _field(
+      300, "Train this many steps (>= 1); replaces the preset's --epochs "
+      "(giving both flags is an error).")
+  epochs: Optional[float] = _field(
+      None, "Train this many passes (> 0, may be fractional) over the "
+      "training split; replaces the preset's --train_steps.")
+  time_budget_s: Optional[float] = _field(
+      None, "Stop after this many seconds (> 0) of training, checkpointing "
+      "first; none: no time limit.")
+  steps_per_loop: int = _field(
+      10, f"Steps run in one traced tf.function call, 1 to "
+      f"{MAX_GET_NEXT_CALLS} (TF's get_next limit; any >= 1 on a TPU).")
+  eval_every_steps: int = _field(
+      100, "Evaluate every exit on the eval split every this many steps "
+      "(>= 1), and at the end.")
+  eval_batches: Optional[int] = _field(
+      None, "Batches (>= 1) of the eval split per evaluation; none: the "
+      "whole split.")
+  checkpoint_every_steps: int = _field(
+      100, "Save a checkpoint every this many steps (>= 1), and at the end.")
+  keep_checkpoints: int = _field(
+      3, "Newest checkpoints kept in model_dir/checkpoints (>= 1); older "
+      "ones are deleted.")
+  on_nan: str = _field(
+      "stop", "On a non-finite loss: stop (exit non-zero) or skip (roll "
+      "back to the last good state, move on).")
+  seed: int = _field(0, "Seed of initialisation, shuffling and augmentation,"
+                     " 0 to 2**32 - 1.")
+  deterministic: bool = _field(
+      False, "true: TF's op determinism (bitwise repeatable runs, slower); "
+      "false: TF's fastest kernels.")
   # Output.
-  model_dir: Optional[str] = None
-  export_dir: Optional[str] = None
-  # Resume from this checkpoint ("ckpt-N") of model_dir/checkpoints.
-  resume_from: Optional[str] = None
+  model_dir: Optional[str] = _field(
+      None, "Run directory, local or gs://..., required by train.train: "
+      "config, checkpoints, logs, export; rerunning resumes it.")
+  export_dir: Optional[str] = _field(
+      None, "Where the SavedModel goes at the end; none: "
+      "model_dir/export.")
+  resume_from: Optional[str] = _field(
+      None, "Resume from this complete checkpoint ckpt-N of "
+      "model_dir/checkpoints, e.g. when checkpoints/checkpoint is damaged.")
 
   def to_json(self):
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -126,6 +234,9 @@ class Config:
   @property
   def is_text(self):
     return self.dataset in TEXT_DATASETS
+
+
+_FIELDS = {field.name: field for field in dataclasses.fields(Config)}
 
 
 def load_preset(name):

@@ -28,9 +28,14 @@ from train import flags_lib
 from train import run_io
 from train import setup_lib
 
-_SAVED_MODEL = flags.DEFINE_string("saved_model", None, "Export dir.")
+_SAVED_MODEL = flags.DEFINE_string(
+    "saved_model", None, "SavedModel folder written by train.export or "
+    "train.train, evaluated with the config it carries; default: the "
+    "export of --model_dir's run.")
 # --model_dir is the Config flag of train/flags_lib.py: a training run whose
 # export (or --saved_model) is evaluated with the run's configuration.
+# --help lists the Config flags too (the data flags apply here).
+flags.adopt_module_key_flags(flags_lib)
 
 
 def _given_fields():

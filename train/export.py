@@ -18,9 +18,12 @@ from absl import flags
 from train import error_boundary
 from train import run_io
 
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "A training run's dir.")
-_EXPORT_DIR = flags.DEFINE_string("export_dir", None,
-                                  "Output (default: model_dir/export).")
+_MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Run directory of a train.train run (required): its "
+    "config.json and checkpoints/ are read, local or gs://.")
+_EXPORT_DIR = flags.DEFINE_string(
+    "export_dir", None, "Folder the SavedModel is written to; it replaces "
+    "only an earlier export of this run (default: model_dir/export).")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "Export this ckpt-N of model_dir/checkpoints "
     "(default: the latest).")

@@ -1,8 +1,10 @@
 """absl flags for every `Config` field, plus --preset.
 
 Each field gets a flag of the same name whose default is "unset", so that
-only flags given on the command line override the preset. Values are parsed
-by the field's type; a bad value is a one-line error naming the flag.
+only flags given on the command line override the preset. A flag's help is
+the text stored beside its field in `train/config.py` (`field_help`).
+Values are parsed by the field's type; a bad value is a one-line error
+naming the flag.
 """
 
 import dataclasses
@@ -12,47 +14,20 @@ from absl import flags
 
 from train import config as config_lib
 
-PRESET = flags.DEFINE_enum("preset", "fashion_mnist_resnet",
-                           list(config_lib.PRESETS), "Base configuration.")
-_UNSET = "__unset__"
-_HELP = {
-    "strategy": "e2e, local, pairwise or Nwise (2wise, 3wise, ...).",
-    "variant": "only (the released rule) or sum; default: the --strategy "
-               "suffix (e.g. 2wise-sum), else only.",
-    "placement": "single, simulated (K logical CPUs), gpu, tpu or cluster "
-                 "(module k on worker k of --cluster; docs/multi_host.md).",
-    "cluster": "placement=cluster: host:port of every worker "
-               "(python -m train.worker), comma-separated, in task order; "
-               "default: the worker job of TF_CONFIG.",
-    "modules_per_worker": "placement=cluster: modules on each worker; "
-                          "module k runs on worker k // modules_per_worker.",
-    "cluster_timeout_s": "placement=cluster: seconds to wait for every "
-                         "worker to accept connections before naming the "
-                         "missing ones.",
-    "threads_per_device": "placement=simulated: intra-op threads of each "
-                          "logical CPU device (0: chosen by the schedule "
-                          "model for this host's cores).",
-    "modules_per_device": "placement=simulated: modules on each logical CPU "
-                          "device; divides num_modules (0: chosen).",
-    "split": "Comma-separated block counts per module (model=mlp: hidden "
-             "layers per module); default balanced (mlp: 1 each).",
-    "epochs": "Train this many passes over the training split; replaces "
-              "the preset's train_steps (giving both flags is an error).",
-    "train_steps": "Train this many steps; replaces the preset's epochs "
-                   "(giving both flags is an error).",
-    "time_budget_s": "Stop after this many seconds of training.",
-    "on_nan": "stop (exit non-zero) or skip (roll back, move on).",
-    "tpu": "Cloud TPU name or grpc:// address (placement=tpu).",
-    "resume_from": "Resume from this complete checkpoint (ckpt-N) of the "
-                   "run, e.g. when checkpoints/checkpoint is damaged.",
-}
+PRESET = flags.DEFINE_enum(
+    "preset", "fashion_mnist_resnet", list(config_lib.PRESETS),
+    "Base configuration (train/presets/NAME.py); every other flag given "
+    "overrides one of its fields.")
+# The default of every field flag: "not given", so the preset's value stands
+# (--help shows it as the default).
+_UNSET = "<the preset's>"
 
 
 def _define_all():
   defined = {}
   for field in dataclasses.fields(config_lib.Config):
     defined[field.name] = flags.DEFINE_string(
-        field.name, _UNSET, _HELP.get(field.name, f"Override of {field.name}."))
+        field.name, _UNSET, config_lib.field_help(field.name))
   return defined
 
 

@@ -22,6 +22,8 @@ from train import train_lib
 _BREAK_LOCK = flags.DEFINE_bool(
     "break_lock", False, "Take over model_dir/lock.json although its holder "
     "looks alive (it is known to be dead).")
+# --help lists the Config flags too, not only --break_lock.
+flags.adopt_module_key_flags(flags_lib)
 
 
 @error_boundary.guard(interrupted="before training started or during a "

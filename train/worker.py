@@ -41,11 +41,11 @@ _TASK = flags.DEFINE_integer(
     "task", None, "This worker's index in --cluster (0-based); default: "
     "TF_CONFIG's task.index.")
 _INTRA = flags.DEFINE_integer(
-    "intra_op_threads", 1, "Threads one op may use on this worker (1: one "
-    "core per op).")
+    "intra_op_threads", 1, "Threads (>= 1) one op may use on this worker "
+    "(1: one core per op).")
 _INTER = flags.DEFINE_integer(
-    "inter_op_threads", 1, "Ops this worker runs at once: the number of "
-    "modules it holds, for one core per module.")
+    "inter_op_threads", 1, "Ops (>= 1) this worker runs at once: the "
+    "number of modules it holds, for one core per module.")
 
 
 class WorkerError(Exception):

@@ -1,0 +1,175 @@
+"""Every flag of every binary explains itself in its --help.
+
+A flag's help says what it does, its unit and what it accepts; a Config
+field's flag (train/flags_lib.py) takes its help from the text stored beside
+the field in train/config.py, so the two cannot drift. The binaries define
+flags with the same names (--preset, --num_modules, ...), so one process
+imports each binary in turn, forgetting the flags of the previous one, and
+reports {module: {flag: help}}.
+"""
+
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from absl import flags as absl_flags
+import pytest
+
+from tests.binaries import ROOT
+from tools import gen_build
+from train import config as config_lib
+
+MIN_HELP_CHARS = 25
+# Help that only restates the flag's name, e.g. "Override of batch_size.".
+_PLACEHOLDERS = ("override of",)
+
+
+def binaries():
+  """Module names of train/ and research/ files with a __main__ block."""
+  found = []
+  for folder in ("train", "research"):
+    for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+      if not name.endswith(".py"):
+        continue
+      with open(os.path.join(ROOT, folder, name)) as f:
+        if gen_build.has_main_block(ast.parse(f.read())):
+          found.append(f"{folder}.{name[:-3]}")
+  return found
+
+
+def collect(modules):
+  """{binary: {defining module: {flag: help}}}, importing each in turn.
+
+  Runs in a process of its own: it deletes the project's flags from
+  absl's FLAGS and forgets the modules that defined them after each binary,
+  so that the next binary can define flags of the same names.
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+  ours = ("train.", "research.")
+  found = {}
+  for module in modules:
+    importlib.import_module(module)
+    by_module = {
+        name: {flag.name: flag.help for flag in defined}
+        for name, defined in absl_flags.FLAGS.flags_by_module_dict().items()
+        if name.startswith(ours)}
+    found[module] = by_module
+    for name, helps in by_module.items():
+      for flag in helps:
+        if flag in absl_flags.FLAGS:
+          delattr(absl_flags.FLAGS, flag)
+    for name in set(by_module) | {module}:
+      _forget(name)
+  return found
+
+
+def _forget(name):
+  """Drops module `name`, so that the next import runs it (and its DEFINEs)
+  again; `from package import name` would find it on the package too."""
+  sys.modules.pop(name, None)
+  package, _, child = name.rpartition(".")
+  if package in sys.modules and hasattr(sys.modules[package], child):
+    delattr(sys.modules[package], child)
+
+
+def problems(helps, config_helps):
+  """What is wrong with the help of each flag, one line each.
+
+  Args:
+    helps: {defining module: {flag: help}}.
+    config_helps: {Config field: its stored help}; the flags that
+      train.flags_lib defines for those fields must carry exactly that text.
+
+  Returns:
+    A list of "module --flag: what is wrong" lines; empty when all is well.
+  """
+  found = []
+  for module, flag_helps in sorted(helps.items()):
+    for flag, text in sorted(flag_helps.items()):
+      text = (text or "").strip()
+      where = f"{module} --{flag}"
+      if len(text) < MIN_HELP_CHARS:
+        found.append(f"{where}: help {text!r} is shorter than "
+                     f"{MIN_HELP_CHARS} characters")
+      if text.lower().startswith(_PLACEHOLDERS):
+        found.append(f"{where}: help {text!r} only names the field")
+      if "\n" in text:
+        found.append(f"{where}: help is not one line")
+      if module == "train.flags_lib" and flag in config_helps and (
+          text != config_helps[flag]):
+        found.append(f"{where}: help {text!r} is not the text stored beside "
+                     f"Config.{flag}: {config_helps[flag]!r}")
+  return found
+
+
+def _config_helps():
+  return {field.name: config_lib.field_help(field.name)
+          for field in dataclasses.fields(config_lib.Config)}
+
+
+@pytest.fixture(scope="module")
+def collected():
+  """{binary: {defining module: {flag: help}}} of every binary."""
+  code = ("import json, sys\n"
+          "from tests import test_flag_help as t\n"
+          "print('RESULT ' + json.dumps(t.collect(sys.argv[1:])))\n")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  proc = subprocess.run([sys.executable, "-c", code, *binaries()], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+def test_every_binary_is_found():
+  found = binaries()
+  for module in ("train.train", "train.export", "train.evaluate",
+                 "train.worker", "research.compare", "research.benchmark",
+                 "research.module_costs", "research.collapse_probe"):
+    assert module in found
+
+
+def test_every_config_field_stores_a_help():
+  helps = _config_helps()
+  assert set(helps) == {f.name for f in dataclasses.fields(config_lib.Config)}
+  assert problems({"train.config": helps}, {}) == []
+
+
+def test_every_flag_of_every_binary_explains_itself(collected):
+  assert set(collected) == set(binaries())
+  config_helps = _config_helps()
+  for binary, helps in collected.items():
+    assert problems(helps, config_helps) == [], binary
+
+
+def test_config_flags_carry_the_stored_help(collected):
+  flag_helps = collected["train.train"]["train.flags_lib"]
+  config_helps = _config_helps()
+  assert {name: flag_helps[name] for name in config_helps} == config_helps
+  assert len(flag_helps["preset"]) >= MIN_HELP_CHARS
+
+
+def test_a_planted_bad_help_is_caught():
+  # A placeholder, a terse help and a Config flag whose help drifted from
+  # the stored text: each is named.
+  fresh = absl_flags.FlagValues()
+  absl_flags.DEFINE_integer("batch_size", 1, "Override of batch_size.",
+                            flag_values=fresh)
+  absl_flags.DEFINE_integer("steps", 1, "Steps.", flag_values=fresh)
+  absl_flags.DEFINE_string("seed", "0", "A seed, but not the stored "
+                           "help of Config.seed.", flag_values=fresh)
+  helps = {"train.flags_lib": {name: fresh[name].help
+                               for name in ("batch_size", "steps", "seed")}}
+  found = problems(helps, _config_helps())
+  assert any(line.startswith("train.flags_lib --batch_size: help "
+                             "'Override of batch_size.' only names")
+             for line in found), found
+  assert any("--steps: help 'Steps.' is shorter" in line
+             for line in found), found
+  assert any("--seed:" in line and "not the text stored beside Config.seed"
+             in line for line in found), found
+  assert problems({"m": {"ok": "A help long enough to say what it does."}},
+                  {}) == []
