@@ -13,6 +13,8 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests import cluster_procs  # noqa: E402
+
 NUM_TEST_DEVICES = 4
 
 _cpus = tf.config.list_physical_devices("CPU")
@@ -30,6 +32,16 @@ def mirrored():
   jobs build one strategy.
   """
   return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+@pytest.fixture
+def procs():
+  """Worker processes a test starts; all stopped at its end, even on failure."""
+  started = cluster_procs.Procs()
+  try:
+    yield started
+  finally:
+    started.stop_all()
 
 
 @pytest.fixture

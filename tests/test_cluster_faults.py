@@ -22,15 +22,6 @@ RUN = ["--preset=synthetic_mlp", "--num_modules=2", "--train_steps=300",
        "--deterministic=true", "--seed=4"]
 
 
-@pytest.fixture
-def procs():
-  started = cluster_procs.Procs()
-  try:
-    yield started
-  finally:
-    started.stop_all()
-
-
 def _final_weights(model_dir):
   reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
   return {n: reader.get_tensor(n)

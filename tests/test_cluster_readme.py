@@ -17,15 +17,6 @@ from tests import cluster_procs
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture
-def procs():
-  started = cluster_procs.Procs()
-  try:
-    yield started
-  finally:
-    started.stop_all()
-
-
 def readme_commands():
   """The shell commands of the README's "Several hosts" block."""
   with open(os.path.join(cluster_procs.ROOT, "README.md")) as f:
