@@ -43,6 +43,9 @@ its own step. No scale is shared between modules, so loss scaling adds no
 dependency between them.
 """
 
+import dataclasses
+from typing import List, Optional
+
 import tensorflow as tf
 
 from tf_interlock import metric_names
@@ -67,6 +70,30 @@ def _poison_unless_finite(grads, sent):
   first = grads[0]
   grads[0] = tf.where(finite, first, tf.constant(float("nan"), first.dtype))
   return grads
+
+
+@dataclasses.dataclass
+class _Forward:
+  """What module k's forward pass keeps for its backward pass.
+
+  Attributes:
+    tape: the persistent tape that watched theta_k (and x_k) while the body
+      ran; every VJP of module k is taken on it.
+    x: x_k = stop_gradient(h_{k-1}), the cut input (the features for k = 0).
+    h: h_k = M_k(x_k).
+    reg: the body's regularization loss, scaled to this replica's share, or
+      None when it has none.
+    own_cot: S_k dL_k/dh_k when L_k trains some theta (always so for the
+      true loss L_{K-1}), else None.
+    phi_grads: S_k dL_k/dphi_k, aligned with the aux head's trainable
+      variables ([] without an aux head).
+  """
+  tape: tf.GradientTape
+  x: tf.Tensor
+  h: tf.Tensor
+  reg: Optional[tf.Tensor]
+  own_cot: Optional[tf.Tensor]
+  phi_grads: List[tf.Tensor]
 
 
 class InterlockStep:
@@ -127,78 +154,113 @@ class InterlockStep:
       this replica's contribution (unscaled).
     """
     num_modules = len(self.modules)
-    plan, place = self.plan, self.placement
-    tapes, inputs, outputs, own_cot, aux_grads = [], [], [], [], []
-    reg_losses, metrics = [], {}
-    h = features
-    for k, module in enumerate(self.modules):
-      scale = None if scales is None else scales[k]
-      with place.scope(k):
-        x = tf.stop_gradient(h)
-        # The tape watches the variables the body reads (theta_k) and, to
-        # produce input VJPs, the cut input x_k.
-        with tf.GradientTape(persistent=True) as tape:
-          if k > 0:
-            tape.watch(x)
-          h = place.annotate(module.body(x, training=True), k)
-          reg = (tf.nn.scale_regularization_loss(tf.add_n(module.body.losses))
-                 if module.body.losses else None)
-          if k == num_modules - 1:
-            tape.watch(h)
-            loss = _scaled(self._own_loss(k, h, labels, global_batch_size,
-                                          metrics), scale)
-        cot, phi_grads = None, []
-        if k == num_modules - 1:
-          cot = tape.gradient(loss, h)
-        elif module.has_aux_head:
-          cot, phi_grads = self._aux_backward(k, module, h, labels,
-                                              global_batch_size, metrics,
-                                              scale)
-      tapes.append(tape)
-      inputs.append(x)
-      outputs.append(h)
-      own_cot.append(cot)
-      aux_grads.append(phi_grads)
-      reg_losses.append(reg)
-
-    grads = [None] * num_modules
-    incoming = {}
+    # Forward, module 0 up to K-1: module k's record keeps what its backward
+    # pass needs (tape, x_k, h_k) and the start of its own loss's stream.
+    records, metrics, h = [], {}, features
+    for k in range(num_modules):
+      records.append(self._forward(
+          k, h, labels, global_batch_size, metrics,
+          None if scales is None else scales[k]))
+      h = records[k].h
+    # Backward, module K-1 down to 0: module k takes the streams that
+    # module k+1 sent across h_k and sends on those that train modules
+    # below it. The records (and their persistent tapes) go on return.
+    grads, incoming = [None] * num_modules, {}
     for k in reversed(range(num_modules)):
-      module, tape, h = self.modules[k], tapes[k], outputs[k]
-      with place.scope(k):
-        streams = dict(incoming)
-        if scales is not None and k + 1 < num_modules:
-          streams = {key: _rescale(value, scales[k], scales[k + 1])
-                     for key, value in streams.items()}
-        lo = plan.loss_low[k]
-        if lo is not None:
-          streams[lo] = (own_cot[k] if lo not in streams
-                         else streams[lo] + own_cot[k])
-        body_vars = module.body.trainable_variables
-        weight_keys = plan.weight_keys[k]
-        cot = tf.add_n([streams[key] for key in weight_keys])
-        targets, target_cots = [h], [cot]
-        if reg_losses[k] is not None:
-          targets.append(reg_losses[k])
-          target_cots.append(_scaled(tf.ones_like(reg_losses[k]),
-                                     None if scales is None else scales[k]))
-        # When the one stream that trains theta_k also goes on to module
-        # k - 1 (always so end to end), one backward pass gives both the
-        # weight and the input VJP and shares the work through the body.
-        fused = len(weight_keys) == 1 and weight_keys[0] in plan.vjp_keys[k]
-        sources = body_vars + ([inputs[k]] if fused else [])
-        got = tape.gradient(targets, sources, output_gradients=target_cots)
-        theta_grads = _zeros_like_none(got[:len(body_vars)], body_vars)
-        incoming = {weight_keys[0]: place.annotate(got[-1], k)} if fused else {}
-        for key in plan.vjp_keys[k]:
-          if key not in incoming:
-            incoming[key] = place.annotate(tape.gradient(
-                h, inputs[k], output_gradients=streams[key]), k)
-        grads[k] = theta_grads + aux_grads[k]
-        if scales is not None and scales[k] is not None:
-          grads[k] = _poison_unless_finite(grads[k], list(incoming.values()))
-    del tapes
+      grads[k], incoming = self._backward(k, records[k], incoming, scales)
     return grads, metrics
+
+  def _forward(self, k, h_prev, labels, global_batch_size, metrics, scale):
+    """Module k's forward pass and its own loss: the module's `_Forward`."""
+    module, place = self.modules[k], self.placement
+    last = k == len(self.modules) - 1
+    with place.scope(k):
+      x = tf.stop_gradient(h_prev)
+      # The tape watches the variables the body reads (theta_k) and, to
+      # produce input VJPs, the cut input x_k.
+      with tf.GradientTape(persistent=True) as tape:
+        if k > 0:
+          tape.watch(x)
+        h = place.annotate(module.body(x, training=True), k)
+        reg = (tf.nn.scale_regularization_loss(tf.add_n(module.body.losses))
+               if module.body.losses else None)
+        if last:
+          # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
+          # the true loss, taken on this tape.
+          tape.watch(h)
+          loss = _scaled(self._own_loss(k, h, labels, global_batch_size,
+                                        metrics), scale)
+      own_cot, phi_grads = None, []
+      if last:
+        own_cot = tape.gradient(loss, h)
+      elif module.has_aux_head:
+        # L_k = loss(A_k(h_k), y): phi_k's gradient, and dL_k/dh_k when L_k
+        # trains some theta.
+        own_cot, phi_grads = self._aux_backward(k, module, h, labels,
+                                                global_batch_size, metrics,
+                                                scale)
+    return _Forward(tape, x, h, reg, own_cot, phi_grads)
+
+  def _backward(self, k, record, incoming, scales):
+    """Module k's gradients and the streams it sends to module k-1.
+
+    Args:
+      k: the module (0-based).
+      record: its `_Forward`.
+      incoming: {lo: cotangent at h_k} of the streams module k+1 sent, at
+        module k+1's scale; {} for the last module.
+      scales: the per-module loss scales, or None.
+
+    Returns:
+      `(grads, outgoing)`: theta_k's then phi_k's gradients (times S_k), and
+      {lo: S_k dL/dx_k} of each stream that trains a module below k.
+    """
+    module, plan, place = self.modules[k], self.plan, self.placement
+    scale = None if scales is None else scales[k]
+    with place.scope(k):
+      streams = dict(incoming)
+      if scales is not None and k + 1 < len(self.modules):
+        streams = {key: _rescale(value, scales[k], scales[k + 1])
+                   for key, value in streams.items()}
+      # L_k joins the stream of lo_k, the lowest module it trains: under
+      # "only" the module whose window ends here (target(lo_k) = k), under
+      # "sum" every module from lo_k to k; the true loss trains every module
+      # whose window reaches K-1.
+      lo = plan.loss_low[k]
+      if lo is not None:
+        streams[lo] = (record.own_cot if lo not in streams
+                       else streams[lo] + record.own_cot)
+      # theta_k's gradient is taken of the losses of the streams that train
+      # it (window n, Gomez et al. 2022, Sec. 3): "only", dL_target(k)/dtheta_k;
+      # "sum", d(L_k + ... + L_target(k))/dtheta_k. VJPs are linear, so one
+      # weight VJP of the summed cotangent gives it; the body's
+      # regularization loss adds its own gradient (cotangent S_k).
+      body_vars = module.body.trainable_variables
+      weight_keys = plan.weight_keys[k]
+      targets = [record.h]
+      target_cots = [tf.add_n([streams[key] for key in weight_keys])]
+      if record.reg is not None:
+        targets.append(record.reg)
+        target_cots.append(_scaled(tf.ones_like(record.reg), scale))
+      # When the one stream that trains theta_k also goes on to module
+      # k - 1 (always so end to end), one backward pass gives both the
+      # weight and the input VJP and shares the work through the body.
+      fused = len(weight_keys) == 1 and weight_keys[0] in plan.vjp_keys[k]
+      sources = body_vars + ([record.x] if fused else [])
+      got = record.tape.gradient(targets, sources,
+                                 output_gradients=target_cots)
+      theta_grads = _zeros_like_none(got[:len(body_vars)], body_vars)
+      outgoing = {weight_keys[0]: place.annotate(got[-1], k)} if fused else {}
+      # Each other stream that trains a module below k crosses the boundary
+      # as its input VJP, dL/dx_k = (dh_k/dx_k)^T dL/dh_k.
+      for key in plan.vjp_keys[k]:
+        if key not in outgoing:
+          outgoing[key] = place.annotate(record.tape.gradient(
+              record.h, record.x, output_gradients=streams[key]), k)
+      grads = theta_grads + record.phi_grads
+      if scale is not None:
+        grads = _poison_unless_finite(grads, list(outgoing.values()))
+    return grads, outgoing
 
   def _aux_backward(self, k, module, h, labels, global_batch_size, metrics,
                     scale):
