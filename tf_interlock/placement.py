@@ -31,6 +31,29 @@ from tf_interlock import cluster as cluster_lib
 KINDS = ("single", "simulated", "gpu", "tpu", "cluster")
 
 
+def split_host_cpu(num_devices, intra_op_threads=1, inter_op_threads=None):
+  """K logical CPUs and the thread pools that run them; starts nothing.
+
+  Unlike `configure_simulated_devices` it neither checks nor lists the
+  devices, so the runtime stays unstarted (collective ops, for one, must be
+  configured after this and before the runtime starts).
+
+  Args:
+    num_devices: the number of logical CPU devices.
+    intra_op_threads: threads each op may use.
+    inter_op_threads: ops run at once; None = num_devices.
+
+  Raises:
+    RuntimeError: TF's, when the runtime has started already.
+  """
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+  tf.config.threading.set_inter_op_parallelism_threads(
+      inter_op_threads or num_devices)
+  tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+
+
 def configure_simulated_devices(num_devices, intra_op_threads=1,
                                 inter_op_threads=None):
   """Splits the host CPU into `num_devices` logical devices.
@@ -58,11 +81,7 @@ def configure_simulated_devices(num_devices, intra_op_threads=1,
   existing = tf.config.get_logical_device_configuration(cpu)
   if not existing or len(existing) < num_devices:
     try:
-      tf.config.set_logical_device_configuration(
-          cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-      tf.config.threading.set_inter_op_parallelism_threads(
-          inter_op_threads or num_devices)
-      tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+      split_host_cpu(num_devices, intra_op_threads, inter_op_threads)
     except RuntimeError as e:
       raise RuntimeError(
           f"Cannot create {num_devices} logical CPU devices after the TF "

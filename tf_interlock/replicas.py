@@ -185,25 +185,6 @@ def _task_order(cluster_spec):
   return tasks
 
 
-def _split_host_cpu(num_devices, intra_op_threads):
-  """K logical CPUs, one thread per op, K ops at once; starts nothing.
-
-  `placement.configure_simulated_devices` lists the devices at the end,
-  which starts the runtime; collective ops must be configured before that.
-  """
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-    tf.config.threading.set_inter_op_parallelism_threads(num_devices)
-    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
-  except RuntimeError as e:
-    raise RuntimeError(
-        f"replicas.connect must run before the TF runtime starts (before "
-        f"any tensor or device listing). Received: num_modules="
-        f"{num_devices}") from e
-
-
 def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
             intra_op_threads=1):
   """Joins the cluster; returns this process's replicas and placement.
@@ -244,7 +225,13 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
     raise ValueError(f"This task is not in the cluster {tasks}. "
                      f"Received: task={me}")
   if kind == "simulated":
-    _split_host_cpu(num_modules, intra_op_threads)
+    try:
+      placement_lib.split_host_cpu(num_modules, intra_op_threads)
+    except RuntimeError as e:
+      raise RuntimeError(
+          f"replicas.connect must run before the TF runtime starts (before "
+          f"any tensor or device listing). Received: num_modules="
+          f"{num_modules}") from e
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       cluster_resolver=resolver)
   device_type = DEVICE_TYPES[kind]
