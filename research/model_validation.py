@@ -37,6 +37,7 @@ import time
 from absl import app
 from absl import flags
 
+from tf_interlock import paths
 from tf_interlock import threading_plan
 from research import benchmark_lib
 from train import config as config_lib
@@ -151,10 +152,7 @@ def predict_cells(profile, plan, strategies):
 
 
 def _write(name, payload):
-  path = os.path.join(_OUT_DIR.value, name)
-  with open(path + ".tmp", "w") as f:
-    f.write(payload)
-  os.replace(path + ".tmp", path)
+  paths.write_atomic(os.path.join(_OUT_DIR.value, name), payload)
 
 
 def _header():

@@ -59,16 +59,10 @@ def _read_marker(path):
 
 def _create_json(path, value):
   """Writes a new file at `path`; False if one appeared there meanwhile."""
-  # A prefix, not a suffix: TF's ram:// reports "x" as existing while
-  # "x.anything" does.
-  tmp = paths.join(paths.parent(path),
-                   f".tmp-{uuid.uuid4().hex[:8]}-{paths.basename(path)}")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(json.dumps(value, indent=2, sort_keys=True))
   try:
-    tf.io.gfile.rename(tmp, path, overwrite=False)
+    paths.write_atomic(path, json.dumps(value, indent=2, sort_keys=True),
+                       overwrite=False)
   except tf.errors.AlreadyExistsError:
-    tf.io.gfile.remove(tmp)
     return False
   return True
 
@@ -191,7 +185,7 @@ def check_not_in_use(run_dir, break_lock=False):
 
 def _ours(entry):
   """Whether a run folder's `entry` is one train.train or compare writes."""
-  # Atomic writes go through ".tmp-<8 hex>-<name>" (run_dir, study_store).
+  # Atomic writes go through ".tmp-<8 hex>-<name>" (paths.write_atomic).
   return re.sub(r"^\.tmp-[0-9a-f]{8}-", "", entry) in _WRITTEN
 
 

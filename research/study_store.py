@@ -10,10 +10,10 @@ truncated file is one line naming it, not a KeyError deep in the report.
 
 import json
 import numbers
-import os
-import uuid
 
 import tensorflow as tf
+
+from tf_interlock import paths
 
 _NUMBER = numbers.Real
 # What a stored result.json / module_costs.json must hold to be reused.
@@ -28,12 +28,7 @@ COSTS_FIELDS = {"settings": dict, "costs": list, "has_aux": list,
 
 def write_json(path, value):
   """Writes `value` to `path` atomically (a reader sees old or new)."""
-  # A temporary name of our own (a prefix: see `study_owner._create_json`).
-  tmp = os.path.join(os.path.dirname(path),
-                     f".tmp-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    json.dump(value, f, indent=2)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  paths.write_atomic(path, json.dumps(value, indent=2))
 
 
 def _bad_fields(value, fields):

@@ -46,6 +46,20 @@ def test_paths_of_urls_stay_urls():
   assert paths.normalize("rel") == os.path.abspath("rel")
 
 
+def test_write_atomic_replaces_or_refuses_and_leaves_no_temporary(root):
+  path = paths.join(root, "a.json")
+  tf.io.gfile.makedirs(root)
+  paths.write_atomic(path, "old")
+  paths.write_atomic(path, "new")
+  with pytest.raises(tf.errors.AlreadyExistsError):
+    paths.write_atomic(path, "refused", overwrite=False)
+  with tf.io.gfile.GFile(path) as f:
+    assert f.read() == "new"
+  assert tf.io.gfile.listdir(root) == ["a.json"]
+  paths.write_atomic(paths.join(root, "b.json"), "b", overwrite=False)
+  assert sorted(tf.io.gfile.listdir(root)) == ["a.json", "b.json"]
+
+
 def test_layout_errors_name_the_path(tmp_path):
   _write(str(tmp_path / "file"))
   for model_dir, words in ((tmp_path / "file", "is a file"),

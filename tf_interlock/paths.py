@@ -8,6 +8,7 @@ works on both kinds of path.
 import os
 import posixpath
 import stat
+import uuid
 
 import tensorflow as tf
 
@@ -131,6 +132,33 @@ def copy_tree(src, dst, last=None):
       tf.io.gfile.copy(join(root, name), join(target, name))
   if deferred:
     tf.io.gfile.copy(*deferred)
+
+
+def write_atomic(path, text, overwrite=True):
+  """Writes `text` to `path` so that a reader sees the old file or the new.
+
+  The text goes to a temporary sibling of our own, then one rename puts it
+  in place; an interrupted write leaves at most that temporary file, never a
+  partial `path`. The temporary name is a prefix (`.tmp-<id>-<name>`), not a
+  suffix: TF's ram:// reports "x" as existing while "x.anything" does.
+
+  Args:
+    path: the file to write (local path or URL).
+    text: its new contents (str).
+    overwrite: False refuses to replace an existing `path`.
+
+  Raises:
+    tf.errors.AlreadyExistsError: `path` exists and overwrite is False (the
+      temporary file is removed first).
+  """
+  tmp = join(parent(path), f".tmp-{uuid.uuid4().hex[:8]}-{basename(path)}")
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(text)
+  try:
+    tf.io.gfile.rename(tmp, path, overwrite=overwrite)
+  except tf.errors.AlreadyExistsError:
+    tf.io.gfile.remove(tmp)
+    raise
 
 
 def move_dir(src, dst, last=None):

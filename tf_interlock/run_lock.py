@@ -100,17 +100,8 @@ class RunLock:
       return {}
 
   def _write(self, overwrite):
-    # A prefix, not a suffix: TF's ram:// reports "x" as existing while
-    # "x.anything" does.
-    tmp = paths.join(paths.parent(self.path),
-                     f".tmp-{self.info['token']}-{paths.basename(self.path)}")
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write(json.dumps(self.info, sort_keys=True))
-    try:
-      tf.io.gfile.rename(tmp, self.path, overwrite=overwrite)
-    except tf.errors.AlreadyExistsError:
-      tf.io.gfile.remove(tmp)
-      raise
+    paths.write_atomic(self.path, json.dumps(self.info, sort_keys=True),
+                       overwrite=overwrite)
 
   def _stale_reason(self, holder):
     """Why `holder`'s lock may be taken over, or None."""

@@ -30,6 +30,8 @@ import tensorflow_datasets as tfds
 import tensorflow_text as tf_text
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
+from tf_interlock import paths
+
 DEFAULT_TEXT_DIR = "/usr/share/games/fortunes"
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache",
                                  "tf_interlock", "vocab")
@@ -308,13 +310,11 @@ def get_vocabulary(corpus: TextCorpus, *, kind: str = "wordpiece",
   else:
     tokens = list(RESERVED_TOKENS) + _learn_chars(docs, vocab_size, lower_case)
   os.makedirs(cache_dir, exist_ok=True)
-  # Write then rename, so a concurrent or interrupted run never leaves a
-  # partial file that a later run would trust.
-  tmp_path = f"{path}.tmp{os.getpid()}"
-  with open(tmp_path, "w", encoding="utf-8") as f:
-    json.dump({"kind": kind, "lower_case": lower_case, "tokens": tokens}, f,
-              ensure_ascii=False)
-  os.replace(tmp_path, path)
+  # A concurrent or interrupted run never leaves a partial file that a later
+  # run would trust.
+  paths.write_atomic(path, json.dumps(
+      {"kind": kind, "lower_case": lower_case, "tokens": tokens},
+      ensure_ascii=False))
   return Vocabulary(tokens, kind, lower_case, path)
 
 
