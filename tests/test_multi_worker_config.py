@@ -84,11 +84,11 @@ def test_a_worker_removes_only_its_own_new_dir(monkeypatch, tmp_path):
   other = tmp_path / "tf_interlock_task_worker_1_12345"
   os.makedirs(other / "checkpoints")
   multi_worker.remove_own_dir(
-      dataclasses.replace(own, model_dir=str(other)), created=True)
+      dataclasses.replace(own, model_dir=str(other)))
   assert os.path.isdir(other / "checkpoints")
-  multi_worker.remove_own_dir(_config(model_dir=str(tmp_path)), created=True)
+  multi_worker.remove_own_dir(_config(model_dir=str(tmp_path)))
   assert os.path.isdir(tmp_path)  # not a task directory
-  multi_worker.remove_own_dir(own, created=False)
+  multi_worker.remove_own_dir(own)
   assert not os.path.exists(own.model_dir)
 
 

@@ -160,15 +160,15 @@ def _remove_if_empty(path):
     pass  # gone already, or it holds files: remove_own_dir's to decide
 
 
-def remove_own_dir(config, created=None):
+def remove_own_dir(config):
   """Removes a non-chief's temporary model_dir, which this run made.
+
+  Only a folder that `task_config` made in this process (it records each)
+  is removed; any other model_dir is left as it is.
 
   Args:
     config: the task's config (`task_config`).
-    created: unused: `task_config` creates the folder and records it; only
-      a folder it made in this process is removed.
   """
-  del created
   if (config.model_dir in _OWN_DIRS and not is_chief(config) and
       tf.io.gfile.exists(config.model_dir)):
     tf.io.gfile.rmtree(config.model_dir)
