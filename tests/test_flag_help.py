@@ -173,3 +173,18 @@ def test_a_planted_bad_help_is_caught():
              in line for line in found), found
   assert problems({"m": {"ok": "A help long enough to say what it does."}},
                   {}) == []
+
+
+def test_a_config_field_without_help_is_refused():
+  @dataclasses.dataclass
+  class Bare:
+    plain: int = 1
+
+  saved = config_lib._FIELDS  # pylint: disable=protected-access
+  try:
+    config_lib._FIELDS = {  # pylint: disable=protected-access
+        f.name: f for f in dataclasses.fields(Bare)}
+    with pytest.raises(TypeError, match=r"Config.plain has no help"):
+      config_lib.field_help("plain")
+  finally:
+    config_lib._FIELDS = saved  # pylint: disable=protected-access

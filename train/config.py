@@ -61,7 +61,11 @@ def _field(default, help_text):
 
 def field_help(name):
   """The one-line help of `Config` field `name` (its flag's help)."""
-  return _FIELDS[name].metadata["help"]
+  text = _FIELDS[name].metadata.get("help")
+  if not text:
+    raise TypeError(f"Config.{name} has no help: declare it with "
+                    f"_field(default, help). Received: name={name!r}")
+  return text
 
 
 def _one_of(choices):
