@@ -158,7 +158,7 @@ def validate():
 
 
 def spec():
-  return benchmark_lib.Spec(
+  return benchmark_lib.make_spec(
       model=_MODEL.value, preset=_PRESET.value, num_modules=_NUM_MODULES.value,
       width=_WIDTH.value, layers_per_module=_LAYERS.value,
       image_size=_IMAGE.value, channels=_CHANNELS.value,
@@ -188,7 +188,7 @@ def baseline_report():
   """Plain Keras fit and e2e without aux heads, default threading."""
   s = spec()
   plain = benchmark_lib.run_plain_keras(s)
-  placement = placement_lib.make_placement("single", s.num_modules)
+  placement = placement_lib.make_placement("single", s.config.num_modules)
   _, e2e = benchmark_lib.run_strategy(s, "e2e", placement, aux_heads=False)
   return {"plain_keras_step_s": plain, "e2e_single_step_s": e2e,
           "e2e_overhead_vs_keras": e2e / plain,

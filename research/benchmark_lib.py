@@ -17,13 +17,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from layers import resnet
-from layers import transformer
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock import profiling
 from tf_interlock import schedule
 from tf_interlock.trainer import InterlockTrainer
+from train import config as config_lib
+from train import datasets
+from train import networks
+from train import optimization
 
 NUM_CLASSES = 10
 # "e2e-m4": a strategy trained with 4 microbatches per step (GPipe-style).
@@ -32,27 +34,68 @@ _MICROBATCHED = re.compile(r"^(.+)-m([0-9]+)$")
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """The benchmark network, its batch and how long to time it.
+  """A benchmark workload: a production `Config` and what only a benchmark has.
 
-  model "lm" is the fortunes Transformer LM's shape (`train/presets/
-  fortunes_lm.py`) with layers_per_module blocks per module, on random ids.
+  Attributes:
+    config: the network (model, its shape fields, num_modules, split), the
+      batch_size, steps_per_loop and every module's optimizer, built by the
+      production builders (`networks.make_modules`,
+      `optimization.make_optimizer`).
+    input_shape: per-example shape of the random features (the data are
+      one random batch, not a dataset); the LM's is (seq_len,) token ids.
+    steps: timed calls of steps_per_loop steps each.
   """
-  model: str = "mlp"
-  preset: str = "resnet20"
-  num_modules: int = 4
-  width: int = 1024
-  layers_per_module: int = 1
-  image_size: int = 32
-  channels: int = 3
-  resnet_aux_head: str = "authors"
-  vocab_size: int = 2000
-  seq_len: int = 64
-  d_model: int = 128
-  num_heads: int = 4
-  mlp_dim: int = 512
-  batch_size: int = 512
+  config: config_lib.Config
+  input_shape: tuple
   steps: int = 5
-  steps_per_loop: int = 16
+
+  @property
+  def task(self):
+    """The `datasets.Task` of the random batch (no datasets in it)."""
+    if self.config.model == "transformer":
+      return datasets.Task("lm", self.config.vocab_size, self.input_shape,
+                           tf.int32, None, None)
+    return datasets.Task("classification", NUM_CLASSES, self.input_shape,
+                         tf.float32, None, None)
+
+
+def make_spec(model="mlp", num_modules=4, *, preset="resnet20", width=1024,
+              layers_per_module=1, image_size=32, channels=3,
+              resnet_aux_head="authors", batch_size=512, steps=5,
+              steps_per_loop=16):
+  """The `Spec` of research.benchmark's flags (same names, same defaults).
+
+  Args:
+    model: "mlp" (K modules of layers_per_module Dense(width) layers on
+      width random features), "resnet" (`preset` on image_size x image_size
+      x channels random images, "flops"-balanced split) or "lm" (the
+      fortunes Transformer LM preset's shape, layers_per_module blocks per
+      module, on random token ids).
+    num_modules: K.
+    preset, image_size, channels, resnet_aux_head: the ResNet's.
+    width: the MLP's width (and its number of input features).
+    layers_per_module: MLP layers or LM blocks per module.
+    batch_size, steps_per_loop: the trained batch and steps per loop call.
+    steps: timed loop calls.
+  """
+  # Every module: plain SGD, constant learning rate 0.01, momentum 0.9.
+  common = dict(num_modules=num_modules, batch_size=batch_size,
+                steps_per_loop=steps_per_loop, optimizer="sgd",
+                learning_rate=0.01, momentum=0.9, weight_decay=0.0,
+                lr_schedule="constant", warmup_steps=0)
+  per_module = (layers_per_module,) * num_modules
+  if model == "lm":
+    config = dataclasses.replace(
+        config_lib.load_preset("fortunes_lm"), split=per_module,
+        num_layers=num_modules * layers_per_module, **common)
+    return Spec(config, (config.seq_len,), steps)
+  if model == "resnet":
+    config = config_lib.Config(model="resnet", resnet_preset=preset,
+                               aux_head=resnet_aux_head, **common)
+    return Spec(config, (image_size, image_size, channels), steps)
+  config = config_lib.Config(model="mlp", mlp_width=width, split=per_module,
+                             **common)
+  return Spec(config, (width,), steps)
 
 
 def parse_cell(name):
@@ -74,43 +117,30 @@ def is_pipeline(name):
 
 
 def build_modules(spec, aux_heads=True):
-  """The benchmark network as K InterlockModules (unbuilt)."""
-  if spec.model == "resnet":
-    return resnet.resnet_modules(
-        spec.preset, NUM_CLASSES, spec.num_modules,
-        input_shape=(spec.image_size, spec.image_size, spec.channels),
-        aux_head=spec.resnet_aux_head if aux_heads else None,
-        synchronized_bn=False)
-  if spec.model == "lm":
-    modules = transformer.transformer_lm_modules(
-        spec.vocab_size, spec.seq_len, spec.num_modules *
-        spec.layers_per_module, spec.d_model, spec.num_heads, spec.mlp_dim,
-        spec.num_modules, split=[spec.layers_per_module] * spec.num_modules)
-    return modules if aux_heads else [
-        InterlockModule(m.body, name=m.name) for m in modules]
-  modules = []
-  for k in range(spec.num_modules):
-    body = [keras.layers.Dense(spec.width, activation="relu")
-            for _ in range(spec.layers_per_module)]
-    last = k == spec.num_modules - 1
-    if last:
-      body.append(keras.layers.Dense(NUM_CLASSES))
-    head = keras.layers.Dense(NUM_CLASSES) if aux_heads and not last else None
-    modules.append(InterlockModule(body, aux_head=head))
-  return modules
+  """The benchmark network as K InterlockModules (unbuilt), from the
+  production builder; without `aux_heads`, the same bodies alone (the
+  ResNet's split is then balanced without heads, as for aux_head=none).
+
+  BatchNormalization is not synchronized: one replica, as in plain Keras.
+  """
+  config = spec.config
+  if not aux_heads:
+    config = dataclasses.replace(config, aux_head="none")
+  modules = networks.make_modules(config, spec.task, synchronized_bn=False)
+  return modules if aux_heads else [
+      InterlockModule(m.body, name=m.name) for m in modules]
 
 
 def make_batch(spec):
   """One fixed batch (features, labels) of the benchmark's shape."""
   rng = np.random.default_rng(0)
-  if spec.model == "lm":
-    ids = rng.integers(0, spec.vocab_size,
-                       size=(spec.batch_size, spec.seq_len + 1))
+  task, batch_size = spec.task, spec.config.batch_size
+  if task.kind == "lm":
+    ids = rng.integers(0, task.num_classes,
+                       size=(batch_size, task.input_shape[0] + 1))
     return ids[:, :-1].astype("int32"), ids[:, 1:].astype("int32")
-  shape = ((spec.image_size, spec.image_size, spec.channels)
-           if spec.model == "resnet" else (spec.width,))
-  x = rng.normal(size=(spec.batch_size,) + shape).astype("float32")
-  y = rng.integers(0, NUM_CLASSES, size=(spec.batch_size,)).astype("int32")
+  x = rng.normal(size=(batch_size,) + task.input_shape).astype("float32")
+  y = rng.integers(0, task.num_classes, size=(batch_size,)).astype("int32")
   return x, y
 
 
@@ -149,8 +179,8 @@ def build_trainer(spec, name, placement, aux_heads=True):
   strategy, microbatches = parse_cell(name)
   trainer = InterlockTrainer(
       build_modules(spec, aux_heads),
-      lambda i: keras.optimizers.SGD(0.01, momentum=0.9), strategy,
-      placement=placement, steps_per_loop=spec.steps_per_loop,
+      lambda k: optimization.make_optimizer(spec.config, None), strategy,
+      placement=placement, steps_per_loop=spec.config.steps_per_loop,
       num_microbatches=microbatches)
   trainer.build(make_batch(spec)[0])
   return trainer
@@ -164,7 +194,7 @@ def run_strategy(spec, name, placement, aux_heads=True, stats=None):
   dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   iterator = iter(trainer.distribute_dataset(dataset))
   timed = time_call_stats(lambda: trainer.train_loop(iterator), spec.steps)
-  per_step = {k: v / spec.steps_per_loop for k, v in timed.items()}
+  per_step = {k: v / spec.config.steps_per_loop for k, v in timed.items()}
   if stats is not None:
     stats.update(per_step)
   return trainer, per_step["median"]
@@ -180,17 +210,17 @@ def run_plain_keras(spec):
   calls."""
   modules = build_modules(spec, aux_heads=False)
   model = keras.Sequential([m.body for m in modules])
-  model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+  model.compile(optimizer=optimization.make_optimizer(spec.config, None),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
-                steps_per_execution=spec.steps_per_loop)
+                steps_per_execution=spec.config.steps_per_loop)
   dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   # One short fit builds the model, optimizer and metrics (as
   # trainer.build does for the strategies) and makes the train function.
-  model.fit(dataset, steps_per_epoch=spec.steps_per_loop, verbose=0)
+  model.fit(dataset, steps_per_epoch=spec.config.steps_per_loop, verbose=0)
   iterator = iter(dataset)
   seconds = time_calls(lambda: model.train_function(iterator), spec.steps)
-  return seconds / spec.steps_per_loop
+  return seconds / spec.config.steps_per_loop
 
 
 def run_fit(spec, name, placement):
@@ -202,12 +232,13 @@ def run_fit(spec, name, placement):
   model = keras_model.InterlockModel(build_modules(spec), strategy,
                                      placement=placement,
                                      num_microbatches=microbatches)
-  model.compile(optimizer=lambda k: keras.optimizers.SGD(0.01, momentum=0.9),
-                steps_per_execution=spec.steps_per_loop)
+  model.compile(
+      optimizer=lambda k: optimization.make_optimizer(spec.config, None),
+      steps_per_execution=spec.config.steps_per_loop)
   x, y = make_batch(spec)
   dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-  model.fit(dataset, steps_per_epoch=spec.steps_per_loop, verbose=0)
-  per_call = spec.steps * spec.steps_per_loop
+  model.fit(dataset, steps_per_epoch=spec.config.steps_per_loop, verbose=0)
+  per_call = spec.steps * spec.config.steps_per_loop
   times = []
   for _ in range(3):
     start = time.perf_counter()

@@ -4,9 +4,9 @@ r"""Measured vs predicted step times: one worker process per module.
   # -> docs/results/cluster/mlp_k2/{profile,predictions,results}.json,
   #    report.md
 
-For the MLP benchmark network (`benchmark_lib.Spec`: width 1024, batch 512)
-or the Fashion-MNIST ResNet-20 (the `fashion_mnist_resnet` network: 28x28x1,
-batch 128, "pool" aux heads) at K = --num_workers modules:
+For the MLP benchmark network (`benchmark_lib.make_spec`: width 1024, batch
+512) or the Fashion-MNIST ResNet-20 (the `fashion_mnist_resnet` network:
+28x28x1, batch 128, "pool" aux heads) at K = --num_workers modules:
 
 1. profile (a process of its own, before anything is timed): every op of
    every module on one intra-op thread (`profiling.measure_module_costs`),
@@ -77,12 +77,13 @@ def _spec():
   # pylint: disable=import-outside-toplevel
   from research import benchmark_lib
   if _MODEL.value == "resnet":
-    return benchmark_lib.Spec(
+    return benchmark_lib.make_spec(
         model="resnet", preset="resnet20", image_size=28, channels=1,
         resnet_aux_head="pool", batch_size=128, num_modules=_K.value,
         steps=_STEPS.value, steps_per_loop=_LOOP.value)
-  return benchmark_lib.Spec(model="mlp", num_modules=_K.value,
-                            steps=_STEPS.value, steps_per_loop=_LOOP.value)
+  return benchmark_lib.make_spec(model="mlp", num_modules=_K.value,
+                                 steps=_STEPS.value,
+                                 steps_per_loop=_LOOP.value)
 
 
 def _cores(k):

@@ -51,8 +51,11 @@ from tf_interlock import representation
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
 from train import config as config_lib
+from train import datasets
 from train import error_boundary
-from train import setup_lib
+from train import networks
+from train import optimization
+from train import runtime_setup
 
 ABLATIONS = ("none", "block_norms_off", "head_norm_off", "norms_off",
              "unigram_bias")
@@ -231,16 +234,16 @@ def run_one(base, spec, steps, schedule_steps, probe_every, out=print):
   strategy, ablation = parse_run(spec)
   config = dataclasses.replace(base, strategy=strategy.name,
                                variant=strategy.variant, placement="single")
-  setup_lib.setup_runtime(config)  # seeds: every run starts the same
-  task = setup_lib.make_task(config)
-  modules = setup_lib.make_modules(config, task)
+  runtime_setup.setup_runtime(config)  # seeds: every run starts the same
+  task = datasets.make_task(config)
+  modules = networks.make_modules(config, task)
   if len(modules) < 3:
     raise ValueError(f"The probe needs K >= 3 modules (L_2 and L_K apart). "
                      f"Received: num_modules={len(modules)}")
   if ablation != "unigram_bias":
     ablate_norms(modules[1], ablation)
   trainer = InterlockTrainer(
-      modules, lambda k: setup_lib.make_optimizer(config, schedule_steps),
+      modules, lambda k: optimization.make_optimizer(config, schedule_steps),
       config.strategy, variant=config.variant, steps_per_loop=1)
   trainer.build(next(iter(task.train.take(1)))[0])
   if ablation == "unigram_bias":

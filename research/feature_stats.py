@@ -23,10 +23,11 @@ import tensorflow as tf
 
 from tf_interlock import representation
 from tf_interlock.run_dir import RunDir
-from train import error_boundary
 from train import config as config_lib
+from train import datasets
+from train import error_boundary
 from train import run_io
-from train import setup_lib
+from train import runtime_setup
 
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Run directory of a train.train language-model run "
@@ -48,8 +49,8 @@ def run_stats(model_dir, batches):
   if latest is None:
     raise FileNotFoundError(f"No checkpoint in {run.checkpoint_dir}. "
                             f"Received: model_dir={model_dir!r}")
-  setup_lib.setup_runtime(config)
-  task = setup_lib.make_task(config, with_train=False)
+  runtime_setup.setup_runtime(config)
+  task = datasets.make_task(config, with_train=False)
   modules = run_io.restored_modules(config, task, latest, model_dir)
   ids = tf.concat([x for x, _ in task.eval.take(batches)], axis=0)
   stats, h = {}, ids

@@ -40,7 +40,7 @@ from tf_interlock import schedule
 from train import config as config_lib
 from train import error_boundary
 from train import flags_lib
-from train import setup_lib
+from train import runtime_setup
 from train import train_lib
 
 _OUT = flags.DEFINE_string(
@@ -77,7 +77,7 @@ def measure(config, repeats, repetitions=1):
   config_lib.validate(config)
   if repeats < 1:
     raise ValueError(f"--repeats must be >= 1. Received: repeats={repeats}")
-  setup_lib.setup_runtime(config)
+  runtime_setup.setup_runtime(config)
   trainer, task, _ = train_lib.build(config)
   features, labels = next(iter(task.train.take(1)))
   costs, low, high = profiling.repeated_module_costs(

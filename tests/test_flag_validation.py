@@ -19,8 +19,10 @@ from tests.binaries import ROOT
 from tf_interlock.data import images
 from tf_interlock.data import text
 from train import config as config_lib
+from train import datasets
+from train import networks
+from train import optimization
 from train import runtime_env
-from train import setup_lib
 
 SYNTH = ["--preset=synthetic_mlp"]
 
@@ -214,12 +216,12 @@ def _config(**fields):
 
 def test_total_steps_for_every_dataset_kind(tmp_path):
   # Synthetic: 4096 training examples.
-  assert setup_lib.total_steps(
+  assert optimization.total_steps(
       _config(train_steps=None, epochs=1, batch_size=32)) == 128
   # Images: the training split of dataset_info.
   fashion = _config(model="resnet", dataset="fashion_mnist",
                     train_steps=None, epochs=2, batch_size=128)
-  assert setup_lib.total_steps(fashion) == 2 * 60000 // 128
+  assert optimization.total_steps(fashion) == 2 * 60000 // 128
   # Text: packed sequences of seq_len + 1 tokens; a char vocabulary makes
   # every character one token, plus one EOS per document.
   corpus = _text_corpus(tmp_path / "corpus")
@@ -227,22 +229,22 @@ def test_total_steps_for_every_dataset_kind(tmp_path):
                    source_dir=corpus, data_dir=str(tmp_path / "data"),
                    vocab_kind="char", vocab_size=40, seq_len=16,
                    train_steps=None, epochs=3, batch_size=8)
-  docs, _ = setup_lib.split_sizes(config)
+  docs, _ = datasets.split_sizes(config)
   train_docs = [d for d in text.read_documents(corpus)
                 if not text.is_validation(d, 0.05)]
   tokens = sum(len(d) + 1 for d in train_docs)
   assert docs == tokens // 17
-  assert setup_lib.total_steps(config) == 3 * docs // 8
+  assert optimization.total_steps(config) == 3 * docs // 8
   # Fewer than one step is refused, naming --epochs.
   with pytest.raises(ValueError, match=r"--epochs=1e-05 .*gives 0 steps"):
-    setup_lib.total_steps(dataclasses.replace(config, epochs=1e-5))
+    optimization.total_steps(dataclasses.replace(config, epochs=1e-5))
 
 
 @pytest.mark.parametrize("schedule", config_lib.SCHEDULES)
 def test_warmup_applies_to_every_schedule(schedule):
   config = _config(learning_rate=0.4, lr_schedule=schedule, warmup_steps=10,
                    lr_decay_fractions=(0.5,), lr_decay_factor=0.1)
-  lr = setup_lib.learning_rate(config, 110)
+  lr = optimization.learning_rate(config, 110)
   at = lambda step: float(lr(step))
   assert at(0) == 0.0
   assert at(5) == pytest.approx(0.2)
@@ -259,10 +261,10 @@ def test_warmup_applies_to_every_schedule(schedule):
   saved = keras.optimizers.SGD(lr).get_config()
   keras.optimizers.SGD.from_config(saved)
   clone = keras.optimizers.schedules.deserialize(saved["learning_rate"])
-  assert type(clone) is setup_lib.Warmup
+  assert type(clone) is optimization.Warmup
   for step in (0, 5, 30, 109):
     assert float(clone(step)) == pytest.approx(at(step))
-  no_warmup = setup_lib.learning_rate(
+  no_warmup = optimization.learning_rate(
       dataclasses.replace(config, warmup_steps=0), 110)
   assert float(no_warmup(0) if callable(no_warmup) else no_warmup) == (
       pytest.approx(0.4))
@@ -297,8 +299,8 @@ def test_split_modules_puts_layers_where_the_split_says():
 
 def test_mlp_honours_split_as_hidden_layers_per_module():
   config = _config(split=(2, 1, 3, 1))
-  task = setup_lib.Task("classification", 10, (32,), tf.float32, None, None)
-  modules = setup_lib.make_modules(config, task)
+  task = datasets.Task("classification", 10, (32,), tf.float32, None, None)
+  modules = networks.make_modules(config, task)
   hidden = [sum(1 for layer in m.body.layers if layer.units == 256)
             for m in modules]
   assert hidden == [2, 1, 3, 1]

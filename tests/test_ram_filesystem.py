@@ -63,7 +63,7 @@ def test_train_kill_resume_export_evaluate_on_ram(tmp_path, monkeypatch):
   eval_config, saved_model = run_io.evaluation_config(
       None, model_dir, config_lib.Config(), given=[])
   assert eval_config.model == "mlp" and eval_config.dataset == "synthetic"
-  task = train_lib.setup_lib.make_task(eval_config, with_train=False)
+  task = train_lib.datasets.make_task(eval_config, with_train=False)
   results = evaluation.evaluate_saved_model(
       saved_model, task.eval.take(eval_config.eval_batches))
   for head in ("final", "exit_1", "exit_2", "exit_3"):

@@ -16,7 +16,7 @@ from tests import binaries
 from tf_interlock import strategy as strategy_lib
 from tf_interlock import threading_plan
 from train import config as config_lib
-from train import setup_lib
+from train import runtime_setup
 
 FLAGS = ["--preset=synthetic_mlp", "--placement=simulated", "--mlp_width=64",
          "--train_steps=10", "--steps_per_loop=5", "--seed=3",
@@ -32,18 +32,18 @@ def _config(**fields):
 
 
 def test_default_is_one_device_of_one_thread_per_module():
-  plan = setup_lib.simulated_plan(_config())
+  plan = runtime_setup.simulated_plan(_config())
   assert (plan.num_devices, plan.threads_per_device,
           plan.module_devices) == (4, 1, (0, 1, 2, 3))
 
 
 def test_fixed_and_chosen_plans():
-  plan = setup_lib.simulated_plan(_config(threads_per_device=2,
+  plan = runtime_setup.simulated_plan(_config(threads_per_device=2,
                                           modules_per_device=2))
   assert plan.describe() == "2 devices x 2 threads, 2 modules each"
   assert plan.module_devices == (0, 0, 1, 1)
   for strategy in ("e2e", "local", "2wise"):
-    chosen = setup_lib.simulated_plan(_config(
+    chosen = runtime_setup.simulated_plan(_config(
         strategy=strategy, threads_per_device=0, modules_per_device=0))
     assert chosen == threading_plan.plan_for(
         4, strategy_lib.parse_strategy(strategy),

@@ -529,7 +529,7 @@ def validate(config, num_replicas=1):
   """Checks every field; raises ValueError with a one-line message.
 
   Only the config is read: checks that need the data (sizes of the splits)
-  or the devices are `setup_lib.validate_for_run`'s.
+  or the devices are `preflight.validate_for_run`'s.
 
   Args:
     config: the `Config`.

@@ -23,10 +23,10 @@ from absl import flags
 
 from tf_interlock import evaluation
 from train import config as config_lib
+from train import datasets
 from train import error_boundary
 from train import flags_lib
 from train import run_io
-from train import setup_lib
 
 _SAVED_MODEL = flags.DEFINE_string(
     "saved_model", None, "SavedModel folder written by train.export or "
@@ -54,12 +54,12 @@ def main(argv):
       flag_config.model_dir if "model_dir" in given else None,
       flag_config, given, preset_given=flags.FLAGS["preset"].present)
   config_lib.validate(config)  # the train binary's rules, e.g. --data_dir
-  size = setup_lib.split_sizes(config)[1]
+  size = datasets.split_sizes(config)[1]
   if size < config.batch_size:  # evaluation drops a partial batch
     config_lib.fail("batch_size", config.batch_size,
                     f"must be at most the {size} examples (text: packed "
                     f"sequences) of the evaluation split of {config.dataset}")
-  task = setup_lib.make_task(config, with_train=False)
+  task = datasets.make_task(config, with_train=False)
   dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
       task.eval)
   results = evaluation.evaluate_saved_model(

@@ -16,7 +16,9 @@ from tf_interlock import export as export_lib
 from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from train import config as config_lib
-from train import setup_lib
+from train import datasets
+from train import networks
+from train import runtime_setup
 from train import train_lib
 
 
@@ -95,7 +97,7 @@ def restored_modules(config, task, checkpoint, model_dir):
   Raises:
     ValueError: for a corrupt checkpoint or one from another model.
   """
-  modules = setup_lib.make_modules(config, task)
+  modules = networks.make_modules(config, task)
   h = next(iter(task.eval.take(1)))[0]
   for module in modules:  # build every weight before restoring
     h = module(h)
@@ -136,8 +138,8 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
   lock = RunLock(run.lock_path)
   lock.acquire()
   try:
-    setup_lib.setup_runtime(config)
-    task = setup_lib.make_task(config, with_train=False)
+    runtime_setup.setup_runtime(config)
+    task = datasets.make_task(config, with_train=False)
     modules = restored_modules(config, task, latest, model_dir)
     return export_lib.export_saved_model(
         modules, tf.TensorSpec((None,) + tuple(task.input_shape),

@@ -29,9 +29,14 @@ from tf_interlock.run_lock import RunLock
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
 from train import config as config_lib
+from train import datasets
+from train import distribution
 from train import error_boundary
 from train import multi_worker
-from train import setup_lib
+from train import networks
+from train import optimization
+from train import preflight
+from train import runtime_setup
 from train.controller import Controller
 
 ARCHITECTURE_FIELDS = (
@@ -86,18 +91,18 @@ def evaluate(trainer, task, config):
 
 def build(config):
   """Runtime, strategy, data and a built trainer for `config`."""
-  distribute = setup_lib.make_distribute(config)
-  task = setup_lib.make_task(config)
-  steps = setup_lib.total_steps(config)
+  distribute = distribution.make_distribute(config)
+  task = datasets.make_task(config)
+  steps = optimization.total_steps(config)
   # A task of a replicas x modules job: module k on its own device k.
   replicas, placement, _ = multi_worker.join(config) or (None, None, None)
   placement = placement or placement_lib.make_placement(
       config.placement, config.num_modules, distribute,
-      module_devices=setup_lib.module_devices(config))
+      module_devices=runtime_setup.module_devices(config))
   with distribute.scope():
-    modules = setup_lib.make_modules(config, task)
+    modules = networks.make_modules(config, task)
   trainer = InterlockTrainer(
-      modules, lambda k: setup_lib.make_optimizer(config, steps),
+      modules, lambda k: optimization.make_optimizer(config, steps),
       config.strategy, variant=config.variant, distribute=distribute,
       placement=placement, steps_per_loop=config.steps_per_loop,
       num_microbatches=config.num_microbatches, replicas=replicas)
@@ -250,7 +255,7 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   summary = {"step": step, "eval": evaluation_action.results,
              "export_dir": export_dir}
   if config.placement == "simulated":
-    summary["threading"] = setup_lib.simulated_plan(config).describe()
+    summary["threading"] = runtime_setup.simulated_plan(config).describe()
   if task.unigram_perplexity is not None:
     summary["unigram_perplexity"] = task.unigram_perplexity
     warning = no_context_warning(evaluation_action.results,
@@ -306,7 +311,7 @@ def no_context_warning(results, unigram_perplexity, margin=0.95):
 def _raise_cluster_failure(config, error):
   """placement=cluster: a runtime error from a worker becomes one line
   naming the worker (TrainingError); anything else is raised as it is."""
-  line = setup_lib.cluster_failure(config, error)
+  line = distribution.cluster_failure(config, error)
   if line is None:
     raise error
   raise TrainingError(line) from None
@@ -324,7 +329,7 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
   Returns:
     The summary of `train`.
   """
-  setup_lib.validate_for_run(config)
+  preflight.validate_for_run(config)
   if not config.model_dir:
     raise ValueError("--model_dir is required. Received: model_dir=None")
   # A multi-worker job (TF_CONFIG): only the chief writes --model_dir.
@@ -332,7 +337,7 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
   run_dir = RunDir(config.model_dir)
   multi_worker.check_fresh(config, check_run(config, run_dir)[0],
                            shared_dir and RunDir(shared_dir))
-  setup_lib.setup_runtime(config)
+  runtime_setup.setup_runtime(config)
   try:
     built = build(config)  # data and model errors before model_dir is made
   except tf.errors.OpError as e:

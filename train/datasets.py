@@ -1,0 +1,126 @@
+"""The run's data from a `Config`: train and eval pipelines, split sizes.
+
+Synthetic Gaussian clusters, the image datasets (`tf_interlock.data.images`)
+and the text corpora (`tf_interlock.data.text`), each as a `Task`: the
+datasets plus what the model and its loss need to know about them.
+"""
+
+import dataclasses
+import functools
+import os
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tf_interlock.data import images
+from tf_interlock.data import text
+
+SYNTHETIC_DIM = 32
+SYNTHETIC_CLASSES = 10
+# Examples per split of the synthetic dataset.
+SYNTHETIC_SIZES = {"train": 4096, "eval": 1024}
+
+
+@dataclasses.dataclass
+class Task:
+  """What the data looks like: enough to build the model and its loss."""
+  kind: str  # "classification" or "lm"
+  num_classes: int
+  input_shape: tuple
+  input_dtype: Any
+  train: Optional[tf.data.Dataset]
+  eval: tf.data.Dataset
+  unigram_perplexity: Optional[float] = None
+  train_size: Optional[int] = None  # examples (text: packed sequences)
+
+
+def _synthetic(config, training):
+  """Gaussian clusters: learnable, generated, no files."""
+  rng = np.random.default_rng(1234)
+  centers = rng.normal(size=(SYNTHETIC_CLASSES, SYNTHETIC_DIM))
+  count = SYNTHETIC_SIZES["train" if training else "eval"]
+  labels = rng.integers(0, SYNTHETIC_CLASSES, size=count)
+  x = centers[labels] + rng.normal(size=(count, SYNTHETIC_DIM)) * 1.5
+  ds = tf.data.Dataset.from_tensor_slices(
+      (x.astype("float32"), labels.astype("int32")))
+  if training:
+    ds = ds.shuffle(count, seed=config.seed).repeat()
+  return ds.batch(config.batch_size, drop_remainder=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _text_data(dataset, data_dir, source_dir, vocab_kind, vocab_size):
+  """(corpus, vocabulary), built once per process: validation and
+  make_task share them, and with them the token counts `text` caches."""
+  if dataset == "lm1b":
+    corpus = text.TextCorpus(source="lm1b", data_dir=data_dir)
+  else:
+    corpus = text.TextCorpus(paths=source_dir or text.DEFAULT_TEXT_DIR)
+  vocab = text.get_vocabulary(
+      corpus, kind=vocab_kind, vocab_size=vocab_size,
+      cache_dir=os.path.join(data_dir, "vocab") if data_dir else None)
+  return corpus, vocab
+
+
+def _text(config):
+  return _text_data(config.dataset, config.data_dir, config.source_dir,
+                    config.vocab_kind, config.vocab_size)
+
+
+def split_sizes(config):
+  """(train, eval) examples of the dataset; packed sequences for text.
+
+  Synthetic and image sizes are static; text sizes count the tokens of
+  each split, so the corpus is read and its vocabulary learnt (or loaded).
+  """
+  if config.dataset == "synthetic":
+    return SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["eval"]
+  if config.is_text:
+    corpus, vocab = _text(config)
+    # lm_dataset packs the token stream (EOS after each document) into
+    # windows of seq_len + 1 tokens.
+    return tuple(
+        text.num_tokens(corpus, vocab, split) // (config.seq_len + 1)
+        for split in text.SPLITS)
+  info = images.dataset_info(config.dataset)
+  return info.splits["train"], info.splits[info.eval_split]
+
+
+def make_task(config, with_train=True):
+  """Train and eval datasets (global batches) and the task's shape.
+
+  Args:
+    config: the `Config`.
+    with_train: False leaves `Task.train` None (evaluation and export need
+      no shuffled, repeated training pipeline).
+  """
+  train_size, _ = split_sizes(config)
+  if config.dataset == "synthetic":
+    return Task("classification", SYNTHETIC_CLASSES, (SYNTHETIC_DIM,),
+                tf.float32, _synthetic(config, True) if with_train else None,
+                _synthetic(config, False), train_size=train_size)
+  if config.is_text:
+    corpus, vocab = _text(config)
+    common = dict(batch_size=config.batch_size, seq_len=config.seq_len,
+                  seed=config.seed, deterministic=config.deterministic)
+    return Task(
+        "lm", vocab.size, (config.seq_len,), tf.int32,
+        text.lm_dataset(corpus, vocab, "train", training=True, **common)
+        if with_train else None,
+        text.lm_dataset(corpus, vocab, "validation", training=False,
+                        **common),
+        unigram_perplexity=text.unigram_perplexity(corpus, vocab),
+        train_size=train_size)
+  info = images.dataset_info(config.dataset)
+  common = dict(batch_size=config.batch_size, data_dir=config.data_dir,
+                source_dir=config.source_dir, seed=config.seed,
+                deterministic=config.deterministic)
+  return Task(
+      "classification", info.num_classes, info.image_shape, tf.float32,
+      images.image_dataset(config.dataset, "train", training=True,
+                           augment=config.augment, **common)
+      if with_train else None,
+      images.image_dataset(config.dataset, info.eval_split,
+                           training=False, **common),
+      train_size=train_size)

@@ -1,0 +1,140 @@
+"""The run's `tf.distribute` strategy: TPU, cluster, mirrored or default.
+
+Also how many data-parallel replicas the global batch is split over, and
+the one-line errors of a TPU or worker that cannot be reached.
+"""
+
+import functools
+import threading
+
+import tensorflow as tf
+
+from tf_interlock import cluster as cluster_lib
+from tf_interlock import placement as placement_lib
+from train import config as config_lib
+from train import multi_worker
+
+# Seconds the Cloud TPU name may take to resolve before the run gives up.
+TPU_RESOLVE_TIMEOUT_S = 300
+
+
+def num_replicas(config):
+  """Data-parallel replicas the global batch is split over.
+
+  Known before the runtime starts except on a TPU, whose replica count
+  (cores / K) is known once connected: None there, and `make_distribute`
+  checks the batch then, still before anything is written.
+  """
+  if config.placement == "tpu":
+    return None
+  gpus = tf.config.list_physical_devices("GPU")
+  if multi_worker.mode(config) == "replicas":
+    return multi_worker.num_tasks()
+  if multi_worker.mode(config) == "mirrored":
+    return multi_worker.num_tasks() * max(1, len(gpus))
+  # make_distribute mirrors a "single" placement over every GPU.
+  return len(gpus) if config.placement == "single" and len(gpus) > 1 else 1
+
+
+def _unreachable(config, error):
+  first = (str(error).strip().splitlines() or [""])[0][:200]
+  config_lib.fail("tpu", config.tpu, f"cannot reach the TPU "
+                  f"({type(error).__name__}: {first})")
+
+
+@functools.lru_cache(maxsize=2)
+def _resolver(tpu):
+  """TPUClusterResolver(tpu) or the exception it raised; None on timeout.
+
+  The lookup asks the Cloud TPU API, which can hang without a network: it
+  runs in a daemon thread that the process may leave behind. Cached, so the
+  early check of `preflight.validate_for_run` and `make_distribute` resolve
+  once.
+  """
+  result = {}
+
+  def resolve():
+    try:
+      result["resolver"] = tf.distribute.cluster_resolver.TPUClusterResolver(
+          tpu=tpu)
+    except Exception as e:  # pylint: disable=broad-except
+      result["error"] = e
+
+  thread = threading.Thread(target=resolve, daemon=True)
+  thread.start()
+  thread.join(TPU_RESOLVE_TIMEOUT_S)
+  return result.get("resolver", result.get("error"))
+
+
+def resolve_tpu(config):
+  """The TPUClusterResolver of --tpu.
+
+  Raises:
+    ValueError: one line naming --tpu when the name does not resolve
+      within TPU_RESOLVE_TIMEOUT_S.
+  """
+  resolver = _resolver(config.tpu)
+  if resolver is None:
+    config_lib.fail("tpu", config.tpu, f"the TPU did not resolve within "
+                    f"{TPU_RESOLVE_TIMEOUT_S} s; check the name or use "
+                    "grpc://host:port")
+  if isinstance(resolver, Exception):
+    _unreachable(config, resolver)
+  return resolver
+
+
+def connect_cluster(config):
+  """placement=cluster: connects this process to the workers.
+
+  Raises:
+    ValueError: one line naming the workers that did not come up within
+      --cluster_timeout_s.
+  """
+  spec = cluster_lib.cluster_spec(config.cluster)
+  try:
+    cluster_lib.connect(spec, config.cluster_timeout_s)
+  except ConnectionError as e:
+    raise ValueError(str(e)) from None
+
+
+def cluster_failure(config, error):
+  """The one line naming the worker a runtime error came from, or None."""
+  if config.placement != "cluster":
+    return None
+  return cluster_lib.describe_failure(
+      error, cluster_lib.cluster_spec(config.cluster))
+
+
+def make_distribute(config):
+  """TPUStrategy (with K cores per replica), Mirrored on GPUs, or default.
+
+  placement=cluster connects to the workers first (bounded wait) and runs
+  under the default strategy: the modules, not replicas, are distributed.
+
+  Raises:
+    ValueError: one line naming --tpu when the TPU cannot be reached, or
+      --batch_size when it does not divide over the TPU's replicas, or the
+      workers of --cluster that did not come up.
+  """
+  if config.placement == "cluster":
+    connect_cluster(config)
+    return tf.distribute.get_strategy()
+  if config.placement == "tpu":
+    resolver = resolve_tpu(config)
+    try:
+      tf.config.experimental_connect_to_cluster(resolver)
+      topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (OSError, RuntimeError, ValueError, tf.errors.OpError) as e:
+      _unreachable(config, e)
+    assignment = placement_lib.tpu_device_assignment(topology,
+                                                     config.num_modules)
+    distribute = tf.distribute.TPUStrategy(
+        resolver, experimental_device_assignment=assignment)
+    config_lib.check_batch(config, distribute.num_replicas_in_sync)
+    return distribute
+  if multi_worker.mode(config) == "mirrored":
+    return multi_worker.join(config)[2]
+  gpus = tf.config.list_logical_devices("GPU")
+  if config.placement == "single" and len(gpus) > 1:
+    return tf.distribute.MirroredStrategy()
+  return tf.distribute.get_strategy()

@@ -1,0 +1,63 @@
+"""The network of a `Config` as K InterlockModules: ResNet, Transformer, MLP.
+
+The training, export and evaluation binaries and the research benchmarks
+all build their modules here, so a network of a given Config is the same
+network everywhere.
+"""
+
+import keras
+
+from layers import resnet
+from layers import transformer
+from layers.interlock_module import InterlockModule
+
+
+def mlp_modules(num_classes, num_modules, width, split=None):
+  """The MLP as K InterlockModules (unbuilt).
+
+  Module k holds split[k] hidden Dense(width, relu) layers; module K ends
+  with the Dense(num_classes) output layer, every other module has a linear
+  Dense(num_classes) aux head on its output.
+
+  Args:
+    num_classes: output classes.
+    num_modules: K.
+    width: units of every hidden layer.
+    split: K positive counts of hidden layers; None gives one per module.
+  """
+  modules = []
+  for k, layers in enumerate(split or (1,) * num_modules):
+    last = k == num_modules - 1
+    body = [keras.layers.Dense(width, activation="relu")
+            for _ in range(layers)]
+    if last:
+      body.append(keras.layers.Dense(num_classes))
+    head = None if last else keras.layers.Dense(num_classes)
+    modules.append(InterlockModule(body, aux_head=head, name=f"mlp{k + 1}"))
+  return modules
+
+
+def make_modules(config, task, synchronized_bn=True):
+  """The network as K InterlockModules (unbuilt).
+
+  Args:
+    config: the `Config`: model, its shape fields, num_modules, split.
+    task: the `datasets.Task` (num_classes, input_shape).
+    synchronized_bn: ResNet only: BatchNormalization all-reduces its
+      statistics over replicas (needed under a MirroredStrategy; a
+      benchmark on one replica may leave it off, as plain Keras does).
+  """
+  split = list(config.split) if config.split else None
+  if config.model == "resnet":
+    return resnet.resnet_modules(
+        config.resnet_preset, task.num_classes, config.num_modules,
+        split=split, input_shape=task.input_shape, width=config.resnet_width,
+        aux_head=None if config.aux_head == "none" else config.aux_head,
+        synchronized_bn=synchronized_bn)
+  if config.model == "transformer":
+    return transformer.transformer_lm_modules(
+        task.num_classes, config.seq_len, config.num_layers, config.d_model,
+        config.num_heads, config.mlp_dim, config.num_modules, split=split)
+  # The MLP's split counts the hidden Dense layers of each module.
+  return mlp_modules(task.num_classes, config.num_modules, config.mlp_width,
+                     split)

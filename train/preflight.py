@@ -1,0 +1,59 @@
+"""Every check a run can make before it writes anything.
+
+`config.validate` reads the `Config` alone; `validate_for_run` adds what
+needs this machine: its replicas and GPUs, the TPU's name, the prepared
+data and the sizes of its splits.
+"""
+
+import tensorflow as tf
+
+from tf_interlock.data import images
+from train import config as config_lib
+from train import datasets
+from train import distribution
+from train import optimization
+from train import runtime_setup
+
+
+def validate_for_run(config):
+  """Every check a run can make before it writes anything.
+
+  `config.validate` with the replica count of this machine, then (after
+  `runtime_setup.setup_runtime`, which it calls) the checks that need the
+  data or the TPU's name: --tpu resolves, prepared image files are whole,
+  the evaluation split holds at least one full batch, the training split
+  too (text: a packed batch of batch_size x (seq_len + 1) tokens), and
+  --epochs gives at least one step.
+
+  Args:
+    config: the `Config` of the run.
+
+  Raises:
+    ValueError: one line naming the flag, its value and what is allowed.
+  """
+  config_lib.validate(config, distribution.num_replicas(config) or 1)
+  # Counting a corpus's tokens runs TF ops, which start the runtime: the
+  # process-wide settings come first (setup_runtime may run again later).
+  runtime_setup.setup_runtime(config)
+  if config.placement == "tpu":
+    distribution.resolve_tpu(config)
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  if config.placement == "gpu" and gpus < config.num_modules:
+    config_lib.fail("placement", config.placement,
+                    f"one GPU per module (placement=gpu): "
+                    f"{config.num_modules} modules but {gpus} GPUs")
+  if config.dataset in config_lib.IMAGE_DATASETS:
+    images.check_prepared_dataset(config.dataset, data_dir=config.data_dir,
+                                  source_dir=config.source_dir)
+  train_size, eval_size = datasets.split_sizes(config)
+  unit = "sequences of seq_len + 1 tokens" if config.is_text else "examples"
+  for split, size in (("training", train_size), ("evaluation", eval_size)):
+    if size < config.batch_size:
+      flag = "seq_len" if config.is_text and size else "batch_size"
+      config_lib.fail(flag, getattr(config, flag),
+                      f"the {split} split of {config.dataset} holds {size} "
+                      f"{unit}, fewer than one batch of {config.batch_size}")
+  steps = optimization.total_steps(config, train_size)
+  if steps is not None and config.warmup_steps >= steps:
+    config_lib.fail("warmup_steps", config.warmup_steps,
+                    f"must be < the run's {steps} steps")

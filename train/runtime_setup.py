@@ -1,0 +1,63 @@
+"""Process-wide runtime settings of a run, and the device each module gets.
+
+Everything here must be decided before the first TF op: the logical CPU
+devices and thread pools of a simulated placement, joining a multi-worker
+job, determinism, seeds and the mixed-precision policy.
+"""
+
+import keras
+import tensorflow as tf
+
+from tf_interlock import cluster as cluster_lib
+from tf_interlock import placement as placement_lib
+from tf_interlock import strategy as strategy_lib
+from tf_interlock import threading_plan
+from train import multi_worker
+
+
+def simulated_plan(config):
+  """The `ThreadingPlan` of a simulated placement: logical devices, threads
+  per op, and which device each module is on.
+
+  A field set to 0 is chosen by the schedule model from nominal module costs
+  for this host's cores (`threading_plan.plan_for`); the default, 1 and 1,
+  is one device of one thread per module.
+  """
+  return threading_plan.plan_for(
+      config.num_modules,
+      strategy_lib.parse_strategy(config.strategy, config.variant),
+      threading_plan.host_cores(),
+      threads_per_device=config.threads_per_device or None,
+      modules_per_device=config.modules_per_device or None)
+
+
+def setup_runtime(config):
+  """Process-wide settings; must run before the first TF op.
+
+  A task of a multi-worker job (TF_CONFIG, see train/multi_worker.py) joins
+  it first: collective ops must be configured before the runtime starts.
+  """
+  plan = simulated_plan(config) if config.placement == "simulated" else None
+  joined = multi_worker.join(config, plan.threads_per_device if plan else 1)
+  if plan and not joined:
+    placement_lib.configure_simulated_devices(
+        plan.num_devices, intra_op_threads=plan.threads_per_device)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  keras.utils.set_random_seed(config.seed)
+  keras.mixed_precision.set_global_policy(
+      "mixed_bfloat16" if config.mixed_precision == "bfloat16" else "float32")
+
+
+def module_devices(config):
+  """Per module, the index of its device: the threading plan's logical CPU
+  (placement=simulated), its worker task t(k) (placement=cluster), else
+  None (module k on device k)."""
+  if config.placement == "simulated":
+    return simulated_plan(config).module_devices
+  if config.placement == "cluster":
+    spec = cluster_lib.cluster_spec(config.cluster)
+    return cluster_lib.module_workers(
+        config.num_modules, spec.num_tasks(cluster_lib.JOB),
+        config.modules_per_worker)
+  return None
