@@ -1,0 +1,83 @@
+"""research.benchmark_lib's workloads are production Configs built by the
+production builders (train/networks.py, train/optimization.py)."""
+
+import keras
+import numpy as np
+
+from research import benchmark_lib
+from train import config as config_lib
+from train import optimization
+
+
+def _layers(layer, kind):
+  """Every layer of class `kind` under `layer` (itself included), in order."""
+  every = layer._flatten_layers()  # pylint: disable=protected-access
+  return [l for l in every if isinstance(l, kind)]
+
+
+def _dense_units(layer):
+  return [l.units for l in _layers(layer, keras.layers.Dense)]
+
+
+def test_mlp_spec_is_a_config_built_by_the_production_mlp_builder():
+  spec = benchmark_lib.make_spec("mlp", num_modules=3, width=16,
+                                 layers_per_module=2, batch_size=8,
+                                 steps_per_loop=4)
+  config = spec.config
+  assert (config.model, config.mlp_width, config.num_modules, config.split,
+          config.batch_size, config.steps_per_loop) == (
+              "mlp", 16, 3, (2, 2, 2), 8, 4)
+  modules = benchmark_lib.build_modules(spec)
+  # The production MLP's names, its layers: 2 hidden Dense(16) per module,
+  # the output Dense(10) in module 3, a Dense(10) aux head before it.
+  assert [m.name for m in modules] == ["mlp1", "mlp2", "mlp3"]
+  assert [_dense_units(m.body) for m in modules] == [
+      [16, 16], [16, 16], [16, 16, benchmark_lib.NUM_CLASSES]]
+  assert [m.aux_head is not None for m in modules] == [True, True, False]
+  bare = benchmark_lib.build_modules(spec, aux_heads=False)
+  assert [m.aux_head for m in bare] == [None] * 3
+  assert [_dense_units(m.body) for m in bare] == [
+      _dense_units(m.body) for m in modules]
+  x, y = benchmark_lib.make_batch(spec)
+  assert x.shape == (8, 16) and x.dtype == np.float32
+  assert y.shape == (8,) and 0 <= y.min() and y.max() < 10
+
+
+def test_lm_spec_takes_the_fortunes_lm_presets_shape():
+  preset = config_lib.load_preset("fortunes_lm")
+  spec = benchmark_lib.make_spec("lm", num_modules=2, layers_per_module=3,
+                                 batch_size=4)
+  config = spec.config
+  for field in ("vocab_size", "seq_len", "d_model", "num_heads", "mlp_dim",
+                "dataset"):
+    assert getattr(config, field) == getattr(preset, field), field
+  assert (config.num_layers, config.split) == (6, (3, 3))
+  assert spec.task.num_classes == preset.vocab_size
+  x, y = benchmark_lib.make_batch(spec)
+  assert x.shape == y.shape == (4, preset.seq_len)
+  # Labels are the next token of the same random stream.
+  np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+  assert x.max() < preset.vocab_size
+
+
+def test_resnet_spec_without_heads_is_split_as_aux_head_none():
+  spec = benchmark_lib.make_spec("resnet", num_modules=3, image_size=16,
+                                 resnet_aux_head="pool")
+  assert spec.config.aux_head == "pool"
+  assert spec.task.input_shape == (16, 16, 3)
+  with_heads = benchmark_lib.build_modules(spec)
+  assert [m.aux_head is not None for m in with_heads] == [True, True, False]
+  bare = benchmark_lib.build_modules(spec, aux_heads=False)
+  assert [m.aux_head for m in bare] == [None] * 3
+  # One replica, as plain Keras: no BatchNormalization all-reduces.
+  norms = [l for m in with_heads
+           for l in _layers(m, keras.layers.BatchNormalization)]
+  assert norms and not any(l.synchronized for l in norms)
+
+
+def test_every_module_gets_the_production_sgd():
+  spec = benchmark_lib.make_spec("mlp")
+  optimizer = optimization.make_optimizer(spec.config, None)
+  assert isinstance(optimizer, keras.optimizers.SGD)
+  assert np.isclose(float(optimizer.learning_rate), 0.01)
+  assert optimizer.momentum == 0.9 and optimizer.weight_decay is None
