@@ -49,7 +49,9 @@ class InterlockModule(keras.layers.Layer):
     training: Python bool, passed to the body and the head.
 
   Returns:
-    `h_k` when there is no aux head, else the tuple `(h_k, aux_logits)`.
+    `h_k`, the body's output, whether or not there is an aux head (one
+    return type): the head's logits are `aux_logits(h_k)`, and
+    `tf_interlock.exits` yields every module's output and exit logits.
   """
 
   def __init__(self, body, aux_head=None, **kwargs):
@@ -95,16 +97,10 @@ class InterlockModule(keras.layers.Layer):
     return self.aux_head(outputs, training=training)
 
   def call(self, inputs, training=False):
-    outputs = self.forward(inputs, training=training)
-    if self.aux_head is None:
-      return outputs
-    return outputs, self.aux_logits(outputs, training=training)
+    return self.forward(inputs, training=training)
 
   def compute_output_shape(self, input_shape):
-    out = self.body.compute_output_shape(input_shape)
-    if self.aux_head is None:
-      return out
-    return out, self.aux_head.compute_output_shape(out)
+    return self.body.compute_output_shape(input_shape)
 
   def get_config(self):
     config = super().get_config()

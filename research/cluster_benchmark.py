@@ -93,6 +93,7 @@ def _cores(k):
 def profile():
   """Op costs (one intra-op thread) and activation bytes: one JSON line."""
   # pylint: disable=import-outside-toplevel
+  from tf_interlock import exits
   from tf_interlock import placement as placement_lib
   from tf_interlock import profiling
   from research import benchmark_lib
@@ -103,10 +104,8 @@ def profile():
       spec, "e2e", placement_lib.make_placement("simulated", k))
   x, y = benchmark_lib.make_batch(spec)
   costs = profiling.measure_module_costs(trainer, x, y)
-  h, shapes = x, []
-  for module in trainer.modules[:-1]:
-    h = module.body(h, training=False)
-    shapes.append([int(d) for d in h.shape])
+  shapes = [[int(d) for d in found.outputs.shape]
+            for found in exits.exits(trainer.modules[:-1], x, heads=())]
   print(json.dumps({"costs_ms": benchmark_lib.costs_ms(costs),
                     "boundary_shapes": shapes}), flush=True)
 

@@ -21,6 +21,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from tf_interlock import exits
 from tf_interlock import representation
 from tf_interlock.run_dir import RunDir
 from train import config as config_lib
@@ -53,11 +54,10 @@ def run_stats(model_dir, batches):
   task = datasets.make_task(config, with_train=False)
   modules = run_io.restored_modules(config, task, latest, model_dir)
   ids = tf.concat([x for x, _ in task.eval.take(batches)], axis=0)
-  stats, h = {}, ids
-  for k, module in enumerate(modules[:-1]):
-    h = module(h)
-    h = h[0] if module.has_aux_head else h
-    stats[f"h_{k + 1}"] = representation.feature_stats(
+  stats = {}
+  for found in exits.exits(modules[:-1], ids, heads=()):
+    h = found.outputs
+    stats[f"h_{found.index + 1}"] = representation.feature_stats(
         tf.reshape(h, [-1, h.shape[-1]]).numpy(),
         tf.reshape(ids, [-1]).numpy())
   return stats

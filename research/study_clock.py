@@ -19,6 +19,7 @@ import statistics
 from tensorboard.backend.event_processing import event_file_loader
 import tensorflow as tf
 
+from tf_interlock import metric_names
 from tf_interlock import run_dir
 
 
@@ -84,35 +85,39 @@ def summarize_run(model_dir, metric):
   run = run_dir.RunDir(model_dir)
   train = read_scalars(run.train_log_dir)
   evals = read_scalars(run.eval_log_dir)
-  for scalars, events, tag in ((train, run.train_log_dir, "step_time_s"),
-                               (evals, run.eval_log_dir, f"final/{metric}")):
+  # {head: {metric: points}}, heads named "module_k" (older runs' "exit_k"
+  # and "final" tags read in those names); the deepest is the network's.
+  by_head = collections.defaultdict(dict)
+  for tag, points in evals.items():
+    head, _, name = tag.partition("/")
+    if name:
+      by_head[head][name] = points
+  by_head = metric_names.canonical_heads(by_head) if by_head else {}
+  network = metric_names.network_head(by_head) if by_head else "module_K"
+  for scalars, events, tag in (
+      (train, run.train_log_dir, "step_time_s"),
+      ({f"{h}/{n}" for h, names in by_head.items() for n in names},
+       run.eval_log_dir, f"{network}/{metric}")):
     if tag not in scalars:
       raise ValueError(f"{events} holds no {tag!r} events: the run did not "
                      f"train here as compare asked. Received: "
                      f"model_dir={model_dir!r}")
-  curve_points = evals[f"final/{metric}"]
+  curve_points = by_head[network][metric]
   timing = account_time(train["step_time_s"],
                         {step: wall for step, wall, _ in curve_points})
   if "eval_time_s" in evals:  # timed by train.train itself, when it does
     timing["eval_s_each"] = {step: v for step, _, v in evals["eval_time_s"]}
     timing["eval_s"] = sum(timing["eval_s_each"].values())
   final_step = curve_points[-1][0]
-  heads = collections.defaultdict(dict)
-  for tag, points in evals.items():
-    head, _, name = tag.partition("/")
-    if name:
-      heads[head].update({name: v for step, _, v in points
-                          if step == final_step})
+  heads = {head: {name: v for name, points in names.items()
+                  for step, _, v in points if step == final_step}
+           for head, names in by_head.items()}
   clock = timing.pop("clock")
   each = timing.pop("eval_s_each")
   return {
       "steps": final_step, **timing,
-      "eval": dict(sorted(heads.items(), key=lambda kv: _head_order(kv[0]))),
+      "eval": heads,  # in depth order, module_1 first
       "curve": [{"step": step, "seconds": clock[step], "value": value,
                  "eval_s": each[step]} for step, _, value in curve_points],
   }
 
-
-def _head_order(head):
-  """exit_1, exit_2, ..., final."""
-  return (head == "final", int(head.split("_")[1]) if "_" in head else 0)

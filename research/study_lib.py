@@ -26,6 +26,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tf_interlock import metric_names
 from tf_interlock import projection
 from tf_interlock import schedule
 from tf_interlock import strategy as strategy_lib
@@ -233,8 +234,13 @@ def run_one(study, strategy, seed, break_lock=False):
                                 strategy, seed, RESULT_FILE)
   if state == study_owner.FINISHED:
     print(f"{strategy} seed {seed}: finished earlier, not rerun", flush=True)
-    return study_store.read(result_path, settings, study_store.RESULT_FIELDS,
-                            study_store.result_problem)
+    result = study_store.read(result_path, settings, study_store.RESULT_FIELDS,
+                              study_store.result_problem)
+    # A result stored before heads were named "module_k" reads in today's
+    # names, so that it aggregates with new ones.
+    result["eval"] = metric_names.canonical_heads(result["eval"],
+                                                  study.num_modules)
+    return result
   if state == study_owner.UNFINISHED:
     # An unfinished run of ours restarts from scratch for a clean clock.
     print(f"{strategy} seed {seed}: restarting the unfinished run",

@@ -18,6 +18,7 @@ import platform
 
 import tensorflow as tf
 
+from tf_interlock import metric_names
 from tf_interlock import paths
 from tf_interlock import projection
 from research import study_lib
@@ -94,6 +95,13 @@ def _points(row):
       p["mean"], p["min"], p["max"])) for p in row["curve"]]
 
 
+def network_metric(row, metric, num_modules):
+  """A strategy row's final band of `metric` for the network's own head
+  (module K), also from results written when it was named "final"."""
+  heads = metric_names.canonical_heads(row["final"], num_modules)
+  return heads[metric_names.network_head(heads)][metric]
+
+
 def add_projection(summary, predicted, cores_here, target=None,
                    pipeline=None):
   """Adds predicted step times, speedups, budgets, target and outcomes.
@@ -132,7 +140,7 @@ def add_projection(summary, predicted, cores_here, target=None,
         "predicted": base["predicted_step_s"]["one_core_per_module"] /
                      row["predicted_step_s"]["one_core_per_module"]}
   if target is None and base is not None:
-    target = base["final"]["final"][metric]["mean"]
+    target = network_metric(base, metric, k)["mean"]
     summary["target_source"] = "e2e's mean final metric"
   elif target is not None:
     summary["target_source"] = "--target"
@@ -267,7 +275,8 @@ def report_markdown(summary, reading=None):
     cells += [f"{speed[key]:.2f}x" if speed else "-"
               for key in ("measured", "model_here", "predicted")]
     cells += [f"{row['compile_s']['mean']:.3g}", f"{row['eval_s']['mean']:.3g}",
-              _band_text(row["final"]["final"][metric], digits)]
+              _band_text(network_metric(row, metric,
+                                        summary["num_modules"]), digits)]
     lines.append("| " + " | ".join(cells) + " |")
   lines += _peer_lines(summary) + _work_lines(summary)
   budget, target = summary["budget_s"], summary["target"]

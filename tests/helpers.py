@@ -66,9 +66,24 @@ def stacked_forward(modules, x, training=False):
 
 
 def assert_keras_round_trip(model, inputs, path):
-  """Saves `model` as a .keras file, reloads it, compares every output."""
+  """Saves `model` as a .keras file, reloads it, compares every output.
+
+  Returns:
+    The reloaded model.
+  """
   expected = model(inputs)
   model.save(path)
   restored = keras.saving.load_model(path)
-  for a, b in zip(restored(inputs), expected):
+  for a, b in zip(tf.nest.flatten(restored(inputs)),
+                  tf.nest.flatten(expected)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  return restored
+
+
+def assert_aux_head_reloaded(restored, module, inputs):
+  """The reloaded copy of `module` (found by name) gives the same aux
+  logits on `inputs` as `module`."""
+  copy = restored.get_layer(module.name)
+  np.testing.assert_allclose(copy.aux_logits(copy(inputs)),
+                             module.aux_logits(module(inputs)),
+                             rtol=1e-5, atol=1e-6)

@@ -49,6 +49,6 @@ def test_readme_commands_train_the_mlp_preset(procs, tmp_path):
   assert trainer.returncode == 0, err[-3000:]
   summary = json.loads(out.strip().splitlines()[-1])
   assert summary["step"] == 20  # the synthetic_mlp preset's train_steps
-  assert summary["eval"]["final"]["accuracy"] > 0.3  # 10 classes: learnt
+  assert summary["eval"]["module_4"]["accuracy"] > 0.3  # 10 classes: learnt
   assert os.path.exists(os.path.join(model_dir, "checkpoints", "checkpoint"))
   assert os.path.exists(os.path.join(model_dir, "export", "saved_model.pb"))

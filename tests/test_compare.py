@@ -46,10 +46,11 @@ def _check_results(out_dir):
     runs = row["runs"]
     assert [run["seed"] for run in runs] == [3, 4], name
     # Two seeds are two different trainings.
-    assert runs[0]["eval"]["final"] != runs[1]["eval"]["final"], name
+    assert runs[0]["eval"]["module_4"] != runs[1]["eval"]["module_4"], name
+    assert list(runs[0]["eval"]) == [f"module_{k}" for k in range(1, 5)]
     for run in runs:
       assert [p["step"] for p in run["curve"]] == [10, 20], name
-      assert run["curve"][-1]["value"] == run["eval"]["final"]["accuracy"]
+      assert run["curve"][-1]["value"] == run["eval"]["module_4"]["accuracy"]
       # The training clock excludes tracing and evaluation.
       assert run["compile_s"] > 0 and run["eval_s"] > 0, name
       assert run["curve"][-1]["seconds"] == run["training_s"]
@@ -64,15 +65,15 @@ def _check_results(out_dir):
       values = [run["curve"][j]["value"] for run in runs]
       assert point["mean"] == pytest.approx(sum(values) / 2)
       assert (point["min"], point["max"]) == (min(values), max(values))
-    final = [run["eval"]["final"]["accuracy"] for run in runs]
-    assert row["final"]["final"]["accuracy"]["mean"] == pytest.approx(
+    final = [run["eval"]["module_4"]["accuracy"] for run in runs]
+    assert row["final"]["module_4"]["accuracy"]["mean"] == pytest.approx(
         sum(final) / 2)
     assert row["predicted_step_s"]["one_core_per_module"] > 0
     assert set(row["outcome"]) == {"measured", "predicted"}
   e2e = results["strategies"]["e2e"]
   assert e2e["speedup_vs_e2e"] == {"measured": 1.0, "model_here": 1.0,
                                    "predicted": 1.0}
-  assert results["target"] == e2e["final"]["final"]["accuracy"]["mean"]
+  assert results["target"] == e2e["final"]["module_4"]["accuracy"]["mean"]
   assert len(results["module_costs"]["costs"]) == 4
   return results
 

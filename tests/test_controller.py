@@ -107,17 +107,17 @@ def test_checkpointing_saves_on_schedule_and_once_per_step():
 
 
 def test_evaluation_writes_scalars_and_keeps_the_last_result(tmp_path):
-  results = iter([{"final": {"loss": 1.0, "num_examples": 4}},
-                  {"final": {"loss": 0.5, "num_examples": 4}}])
+  results = iter([{"module_2": {"loss": 1.0, "num_examples": 4}},
+                  {"module_2": {"loss": 0.5, "num_examples": 4}}])
   writer = tf.summary.create_file_writer(str(tmp_path))
   action = actions.Evaluation(lambda: next(results), writer, every=10)
   action.after_loop(_loop(5))
   assert action.results is None
   action.after_loop(_loop(10))
   action.finish(10)  # already evaluated at this step
-  assert action.results["final"]["loss"] == 1.0
+  assert action.results["module_2"]["loss"] == 1.0
   action.finish(12)
-  assert action.results["final"]["loss"] == 0.5
+  assert action.results["module_2"]["loss"] == 0.5
   assert os.listdir(tmp_path)
 
 

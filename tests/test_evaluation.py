@@ -55,13 +55,14 @@ def _known_answer_dataset():
 
 
 def _check_known_answer(results):
-  assert list(results) == ["final", "exit_1"]
-  assert results["final"]["num_examples"] == 4
-  assert results["final"]["accuracy"] == pytest.approx(0.5)
-  assert results["exit_1"]["accuracy"] == pytest.approx(0.25)
-  assert results["final"]["loss"] == pytest.approx(
+  # Heads are named as every per-module number: module 2 is the network.
+  assert list(results) == ["module_1", "module_2"]
+  assert results["module_2"]["num_examples"] == 4
+  assert results["module_2"]["accuracy"] == pytest.approx(0.5)
+  assert results["module_1"]["accuracy"] == pytest.approx(0.25)
+  assert results["module_2"]["loss"] == pytest.approx(
       _cross_entropy(LOGITS, LABELS), rel=1e-6)
-  assert results["exit_1"]["loss"] == pytest.approx(
+  assert results["module_1"]["loss"] == pytest.approx(
       _cross_entropy(-LOGITS, LABELS), rel=1e-6)
 
 
@@ -102,6 +103,25 @@ def _assert_same_results(in_memory, saved):
           head, key)
 
 
+def test_a_module_without_head_has_no_exit_and_keeps_the_numbering(tmp_path):
+  # K = 3, module 2 headless: the network is module_3 in memory and in the
+  # export (which records K), not the module after the deepest exit.
+  modules = _identity_modules((3,))
+  middle = InterlockModule([keras.layers.Dense(
+      3, use_bias=False, kernel_initializer="identity")])
+  middle.build((None, 3))
+  modules.insert(1, middle)
+  export.export_saved_model(modules, tf.TensorSpec((None, 3), tf.float32),
+                            tmp_path / "export")
+  in_memory = evaluation.evaluate_modules(modules, _known_answer_dataset())
+  saved = evaluation.evaluate_saved_model(tmp_path / "export",
+                                          _known_answer_dataset())
+  assert list(in_memory) == ["module_1", "module_3"]
+  assert in_memory["module_3"]["accuracy"] == pytest.approx(0.5)
+  assert in_memory["module_1"]["accuracy"] == pytest.approx(0.25)
+  _assert_same_results(in_memory, saved)
+
+
 def test_resnet_in_memory_and_saved_model_agree(tmp_path):
   shape = (16, 16, 3)
   # One block per stage (ResNet-8): still conv + BN, and quick to trace.
@@ -120,9 +140,9 @@ def test_resnet_in_memory_and_saved_model_agree(tmp_path):
                             tmp_path / "export")
   in_memory = evaluation.evaluate_modules(modules, dataset)
   saved = evaluation.evaluate_saved_model(tmp_path / "export", dataset)
-  assert list(in_memory) == ["final", "exit_1", "exit_2"]
-  assert set(in_memory["final"]) == {"loss", "accuracy", "num_examples"}
-  assert in_memory["final"]["num_examples"] == 10
+  assert list(in_memory) == ["module_1", "module_2", "module_3"]
+  assert set(in_memory["module_3"]) == {"loss", "accuracy", "num_examples"}
+  assert in_memory["module_3"]["num_examples"] == 10
   _assert_same_results(in_memory, saved)
 
 
@@ -143,7 +163,7 @@ def test_lm_in_memory_and_saved_model_agree(tmp_path):
                                           task="lm")
   saved = evaluation.evaluate_saved_model(tmp_path / "export", dataset,
                                           task="lm")
-  assert list(in_memory) == ["final", "exit_1"]
+  assert list(in_memory) == ["module_1", "module_2"]
   _assert_same_results(in_memory, saved)
   for metrics in saved.values():
     assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss"]))

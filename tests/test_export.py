@@ -17,7 +17,9 @@ from layers import resnet
 from layers import transformer
 from layers.interlock_module import InterlockModule
 from tests import helpers
+from tf_interlock import exits
 from tf_interlock import export
+from tf_interlock import export_dir as export_dir_lib
 
 Exported = collections.namedtuple(
     "Exported", ["modules", "path", "inputs", "expected"])
@@ -78,8 +80,7 @@ def _mlp_export(path, seed=0, **kwargs):
   """A fast two-module MLP export, for the file-handling tests."""
   modules = helpers.mlp_modules(2, seed=seed)
   x, _ = helpers.batch()
-  for module in modules:
-    x = module(x)[0] if module.has_aux_head else module(x)
+  exits.build(modules, x)
   export.export_saved_model(
       modules, tf.TensorSpec((None, 6), tf.float32), path, **kwargs)
 
@@ -146,7 +147,7 @@ def test_mixed_precision_export_returns_float32(tmp_path):
   try:
     modules = helpers.mlp_modules(2)
     x, _ = helpers.batch()
-    h = modules[0](x)[0]
+    h = modules[0](x)
     final = modules[1](h)
     assert final.dtype == tf.bfloat16
   finally:
@@ -220,10 +221,10 @@ def test_an_export_of_the_same_owner_is_replaced_whole(tmp_path):
   _mlp_export(path, seed=0, owner="run-a")
   _mlp_export(path, seed=1, owner="run-a")
   assert os.listdir(tmp_path) == ["export"]  # No temp or backup dir left.
-  assert export.read_marker(path)["owner"] == "run-a"
+  assert export_dir_lib.read_marker(path)["owner"] == "run-a"
   x, _ = helpers.batch()
   reference = helpers.mlp_modules(2, seed=1)
-  h = reference[0](x)[0]
+  h = reference[0](x)
   loaded = export.load_exported(path)
   np.testing.assert_allclose(
       loaded.signatures["serving_default"](inputs=x)["logits"],
@@ -295,7 +296,7 @@ def test_a_complete_export_left_aside_is_put_back_not_deleted(tmp_path):
   before = (path / "saved_model.pb").read_bytes()
   aside = tmp_path / ".export.old-0123abcd"
   path.rename(aside)
-  export._remove_stale(str(path), "run-a")
+  export_dir_lib.remove_stale(str(path), "run-a")
   assert sorted(os.listdir(tmp_path)) == ["export"]
   assert (path / "saved_model.pb").read_bytes() == before
 
@@ -323,12 +324,12 @@ def test_export_and_load_on_the_ram_filesystem(tmp_path, monkeypatch):
   _mlp_export(path, seed=1, owner="run-r")  # replace: copy, not rename
   assert sorted(tf.io.gfile.listdir("ram://export_test/a")) == ["export"]
   loaded = export.load_exported(path)
-  assert export.read_marker(path)["owner"] == "run-r"
+  assert export_dir_lib.read_marker(path)["owner"] == "run-r"
   x, _ = helpers.batch()
   reference = helpers.mlp_modules(2, seed=1)
   np.testing.assert_allclose(
       loaded.signatures["serving_default"](inputs=x)["logits"],
-      reference[1](reference[0](x)[0]), atol=1e-5)
+      reference[1](reference[0](x)), atol=1e-5)
   assert os.listdir(tmp_path) == []
 
 

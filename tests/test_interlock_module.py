@@ -21,12 +21,14 @@ def test_outputs_and_cut():
   x = tf.random.normal([5, 6])
   with tf.GradientTape() as tape:
     tape.watch(x)
-    h, aux = module(x)
+    h = module(x)
+    aux = module.aux_logits(h)
     loss = tf.reduce_sum(h) + tf.reduce_sum(aux)
+  # One return type: h_k, with or without a head; the head reads h_k.
   assert h.shape == (5, 3) and aux.shape == (5, 2)
   # No gradient crosses the module's input boundary implicitly.
   assert tape.gradient(loss, x) is None
-  assert module.compute_output_shape((None, 6)) == ((None, 3), (None, 2))
+  assert module.compute_output_shape((None, 6)) == (None, 3)
 
 
 def test_without_head_returns_output_only():
@@ -39,19 +41,20 @@ def test_without_head_returns_output_only():
 def test_config_round_trip_and_keras_file(tmp_path):
   module = _module()
   x = tf.random.normal([2, 6])
-  h, aux = module(x)
+  h = module(x)
+  aux = module.aux_logits(h)
   clone = InterlockModule.from_config(module.get_config())
   clone.build((None, 6))
   clone.set_weights(module.get_weights())
-  np.testing.assert_allclose(clone(x)[0], h, atol=1e-6)
+  np.testing.assert_allclose(clone(x), h, atol=1e-6)
+  np.testing.assert_allclose(clone.aux_logits(clone(x)), aux, atol=1e-6)
   assert clone.get_config()["name"] == "m1"
-  # A full .keras save of a model made of modules reloads with equal outputs.
+  # A full .keras save of a model made of modules reloads with equal
+  # outputs, the aux head's included.
   inputs = keras.Input((6,))
   model = keras.Model(inputs, module(inputs))
-  model.save(tmp_path / "m.keras")
-  loaded = keras.saving.load_model(tmp_path / "m.keras")
-  for a, b in zip(loaded(x), model(x)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  loaded = helpers.assert_keras_round_trip(model, x, tmp_path / "m.keras")
+  helpers.assert_aux_head_reloaded(loaded, module, x)
 
 
 @pytest.mark.parametrize("body,head,match", [
@@ -74,7 +77,7 @@ def test_mixed_bfloat16_training():
   trainer = InterlockTrainer(modules, lambda k: keras.optimizers.SGD(0.5),
                              "2wise", loss_fn=helpers.cross_entropy)
   trainer.build(x)
-  assert modules[0](x)[0].dtype == tf.bfloat16
+  assert modules[0](x).dtype == tf.bfloat16
   assert modules[0].weights[0].dtype == "float32"
   before = helpers.weights(modules)
   iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests.binaries import ROOT
 from tf_interlock import evaluation
-from tf_interlock import export as export_lib
+from tf_interlock import export_dir as export_dir_lib
 from train import config as config_lib
 from train import run_io
 from train import train_lib
@@ -66,10 +66,10 @@ def test_train_kill_resume_export_evaluate_on_ram(tmp_path, monkeypatch):
   task = train_lib.datasets.make_task(eval_config, with_train=False)
   results = evaluation.evaluate_saved_model(
       saved_model, task.eval.take(eval_config.eval_batches))
-  for head in ("final", "exit_1", "exit_2", "exit_3"):
+  for head in ("module_1", "module_2", "module_3", "module_4"):
     assert abs(results[head]["accuracy"] -
                summary["eval"][head]["accuracy"]) < 1e-6, head
-  assert export_lib.read_marker(saved_model)["model_dir"] == model_dir
+  assert export_dir_lib.read_marker(saved_model)["model_dir"] == model_dir
   # os.path.abspath("ram://x") is "<cwd>/ram:/x": nothing of the sort here,
   # nor in the repository.
   assert os.listdir(tmp_path) == []

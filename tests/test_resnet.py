@@ -206,10 +206,11 @@ def test_interlock_module_config_roundtrip():
 def test_saved_keras_file_roundtrip(tmp_path):
   modules = resnet.resnet_modules("resnet20", 10, 2, stage_blocks=(1, 1, 1))
   inputs = keras.Input((8, 8, 3))
-  h, aux = modules[0](inputs)
-  model = keras.Model(inputs, [modules[1](h), aux])
+  model = keras.Model(inputs, modules[1](modules[0](inputs)))
   x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
-  helpers.assert_keras_round_trip(model, x, str(tmp_path / "resnet.keras"))
+  restored = helpers.assert_keras_round_trip(model, x,
+                                             str(tmp_path / "resnet.keras"))
+  helpers.assert_aux_head_reloaded(restored, modules[0], x)
 
 
 def test_checkpoint_restores_every_weight(tmp_path):

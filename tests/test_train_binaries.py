@@ -36,7 +36,8 @@ def test_train_resume_export_evaluate(tmp_path):
   assert "step 15/20" in second.stdout and "step 5/20" not in second.stdout
   summary = json.loads(second.stdout.strip().splitlines()[-1])
   assert summary["step"] == 20
-  assert summary["eval"]["final"]["accuracy"] > 0.5  # 10 classes: chance 0.1
+  # Heads are named as the training metrics: module_4 is the network.
+  assert summary["eval"]["module_4"]["accuracy"] > 0.5  # 10 classes: 0.1
   with open(os.path.join(model_dir, "config.json")) as f:
     assert json.load(f)["train_steps"] == 20
 
@@ -46,8 +47,8 @@ def test_train_resume_export_evaluate(tmp_path):
     assert f"module_{k}/learning_rate" in train_events
   assert "examples_per_s" in train_events and "step_time_s" in train_events
   eval_events = scalars(os.path.join(model_dir, "eval"))
-  assert set(eval_events["final/accuracy"]) == {10, 20}
-  assert "exit_1/accuracy" in eval_events and "exit_3/loss" in eval_events
+  assert set(eval_events["module_4/accuracy"]) == {10, 20}
+  assert "module_1/accuracy" in eval_events and "module_3/loss" in eval_events
 
   export_dir = str(tmp_path / "exported")
   run_binary("train.export", f"--model_dir={model_dir}",
@@ -57,7 +58,7 @@ def test_train_resume_export_evaluate(tmp_path):
   for flags in ([f"--saved_model={export_dir}"], [f"--model_dir={model_dir}"]):
     evaluated = run_binary("train.evaluate", *flags)
     result = json.loads(evaluated.stdout.strip().splitlines()[-1])
-    assert set(result) == {"final", "exit_1", "exit_2", "exit_3"}
+    assert set(result) == {"module_1", "module_2", "module_3", "module_4"}
     for head, metrics in result.items():
       assert abs(metrics["accuracy"] - summary["eval"][head]["accuracy"]) < (
           1e-6)
@@ -66,14 +67,17 @@ def test_train_resume_export_evaluate(tmp_path):
 
 def test_an_lm_at_unigram_perplexity_is_named():
   from train import train_lib  # pylint: disable=g-import-not-at-top
-  learnt = {"final": {"perplexity": 155.0}, "exit_1": {"perplexity": 175.0}}
+  learnt = {"module_2": {"perplexity": 155.0},
+            "module_1": {"perplexity": 175.0}}
   assert train_lib.no_context_warning(learnt, 447.7) is None
   # The collapsed 2-wise "only" runs of the fortunes study: every head near
   # the unigram perplexity (exit 1 above it).
-  collapsed = {"final": {"perplexity": 448.8}, "exit_1": {"perplexity": 450.1},
-               "exit_2": {"perplexity": 300.0}}
+  collapsed = {"module_10": {"perplexity": 448.8},
+               "module_1": {"perplexity": 450.1},
+               "module_2": {"perplexity": 300.0}}
   warning = train_lib.no_context_warning(collapsed, 447.7)
-  assert "exit_1 450.1, final 448.8" in warning
-  assert "exit_2" not in warning and "447.7" in warning
+  assert "module_1 450.1, module_10 448.8" in warning  # in depth order
+  assert "module_2" not in warning and "447.7" in warning
   # Classification runs have no perplexity: nothing to say.
-  assert train_lib.no_context_warning({"final": {"accuracy": 0.1}}, 10.0) is None
+  assert train_lib.no_context_warning({"module_3": {"accuracy": 0.1}},
+                                      10.0) is None

@@ -1,27 +1,32 @@
-"""Evaluation of every head of an interlocking network: final and exits.
+"""The one evaluator of an interlocking network's exits.
 
 Each aux head A_k of an interlocking network (Gomez et al., 2022,
 arXiv:2010.04116) is a classifier in its own right, an early exit after
-module k. Both functions here report, per head, the example-weighted mean
-loss over a finite dataset and one task metric:
+module k; module K's exit is the network's own output. `exit_values` runs
+every exit on one batch and gives its per-example loss and metric; Keras's
+evaluation (`InterlockModel.evaluate`, fit's "val_*") averages them with
+its Mean trackers, and the two functions here sum them over a finite
+dataset, in-memory or from an export:
 
-    {"final": {...}, "exit_1": {...}, ..., "exit_{K-1}": {...}}
+    {"module_1": {...}, ..., "module_K": {...}}
 
-with "loss", "num_examples", and "accuracy" (classification) or
-"perplexity" = exp(mean token loss) (language modelling). Sums are kept in
-Python floats (float64), so a long evaluation does not lose precision the
-way a float32 running mean would.
+named as every per-module number is (`metric_names`), each with "loss",
+"num_examples", and "accuracy" (classification) or "perplexity" =
+exp(mean token loss) (language modelling). Sums are kept in Python floats
+(float64), so a long evaluation does not lose precision the way a float32
+running mean would.
 """
 
 import math
 
 import tensorflow as tf
 
+from tf_interlock import exits as exits_lib
 from tf_interlock import export
 from tf_interlock import losses as losses_lib
+from tf_interlock import metric_names
 
 TASKS = ("classification", "lm")
-FINAL_KEY = "final"
 
 
 def _check_task(task):
@@ -37,12 +42,47 @@ def _check_finite(dataset):
         "(drop the .repeat()). Received: dataset.cardinality()=infinite")
 
 
-def _batch_sums(labels, logits, loss_fn, metric_fn):
-  """Sums over one batch of the per-example loss and metric, and its size."""
-  loss = loss_fn(labels, logits)
-  sums = {"loss": tf.reduce_sum(loss), "num_examples": tf.size(loss)}
+def exit_values(modules, features, labels, loss_fn, metric_fn=None, *,
+                scope=None):
+  """Every exit's per-example loss (and metric) on one batch.
+
+  One forward pass (training=False) serves all exits: exit k's head reads
+  module k's output on the way to the network's output.
+
+  Args:
+    modules: the K built `InterlockModule`s, in depth order.
+    features, labels: one batch.
+    loss_fn: `loss_fn(labels, logits) -> per-example loss [batch]`.
+    metric_fn: `metric_fn(labels, logits) -> per-example score [batch]`,
+      or None.
+    scope: None, or `index -> context manager` (as `exits.exits`).
+
+  Returns:
+    {"module_k": {"loss": [batch], "metric": [batch] (with a metric_fn)}}
+    for every exit, in depth order.
+  """
+  values = {}
+  for found in exits_lib.exits(modules, features, training=False,
+                               scope=scope):
+    if found.logits is not None:
+      values[metric_names.module_name(found.index)] = _per_example(
+          labels, found.logits, loss_fn, metric_fn)
+  return values
+
+
+def _per_example(labels, logits, loss_fn, metric_fn):
+  values = {"loss": loss_fn(labels, logits)}
   if metric_fn is not None:
-    sums["metric"] = tf.reduce_sum(metric_fn(labels, logits))
+    values["metric"] = metric_fn(labels, logits)
+  return values
+
+
+def _batch_sums(values):
+  """Sums over one batch of the per-example loss and metric, and its size."""
+  sums = {"loss": tf.reduce_sum(values["loss"]),
+          "num_examples": tf.size(values["loss"])}
+  if "metric" in values:
+    sums["metric"] = tf.reduce_sum(values["metric"])
   return sums
 
 
@@ -58,16 +98,14 @@ class _Totals:
       totals[key] = totals.get(key, 0) + value.numpy().item()
 
   def results(self, task):
-    """Per-head means, "final" first, then the exits in depth order."""
+    """Per-head means, in depth order."""
     # Every head sees every example, so any head's count is the count.
     count = next(iter(self.sums.values()))["num_examples"] if self.sums else 0
     if not count:
       raise ValueError(f"The dataset has no examples to evaluate. Received: "
                        f"num_examples={count}")
-    exits = sorted((head for head in self.sums if head != FINAL_KEY),
-                   key=lambda head: int(head[len("exit_"):]))
     results = {}
-    for head in [FINAL_KEY] + exits:
+    for head in sorted(self.sums, key=metric_names.head_index):
       totals = self.sums[head]
       loss = totals["loss"] / count
       results[head] = {"loss": loss, "num_examples": count}
@@ -84,8 +122,7 @@ def evaluate_modules(modules, dataset,
                      task="classification"):
   """Evaluates in-memory modules: the final logits and every early exit.
 
-  One forward pass per batch (training=False) serves all heads: exit k's
-  head reads module k's output on the way to the final logits.
+  One forward pass per batch serves every exit (`exit_values`).
 
   Args:
     modules: the K built `InterlockModule`s, in depth order.
@@ -100,26 +137,20 @@ def evaluate_modules(modules, dataset,
       the sequences of equal length, so that its mean is the token mean.
 
   Returns:
-    {"final": metrics, "exit_k": metrics, ...}: each with "loss",
+    {"module_k": metrics} for every exit k, in depth order: each with "loss",
     "num_examples" and "accuracy" and/or "perplexity", as Python numbers.
   """
   _check_task(task)
   _check_finite(dataset)
   modules = list(modules)
-  exits = set(export.exit_indices(modules))
 
   # reduce_retracing: a smaller last batch gives a batch-polymorphic trace
   # instead of a second one.
   @tf.function(reduce_retracing=True)
   def batch_sums(features, labels):
-    h, sums = features, {}
-    for k, module in enumerate(modules, start=1):
-      h = module.forward(h, training=False)
-      if k in exits:
-        sums[f"exit_{k}"] = _batch_sums(
-            labels, module.aux_logits(h, training=False), loss_fn, metric_fn)
-    sums[FINAL_KEY] = _batch_sums(labels, h, loss_fn, metric_fn)
-    return sums
+    return {head: _batch_sums(values)
+            for head, values in exit_values(modules, features, labels,
+                                            loss_fn, metric_fn).items()}
 
   totals = _Totals()
   for features, labels in dataset:
@@ -140,19 +171,18 @@ def evaluate_saved_model(export_dir, dataset, *, task="classification"):
       mean next-token cross-entropy, and "perplexity").
 
   Returns:
-    {"final": metrics, "exit_k": metrics, ...}, as `evaluate_modules`.
+    {"module_k": metrics} for every exit k, as `evaluate_modules`.
   """
   _check_task(task)
   _check_finite(dataset)
   loaded = export.load_exported(export_dir)
-  heads = {FINAL_KEY: export.SERVING_KEY}
-  heads.update({name: name for name in export.exit_names(loaded)})
+  heads = export.signature_heads(loaded)
   metric_fn = losses_lib.sparse_accuracy if task == "classification" else None
 
   @tf.function(reduce_retracing=True)
   def batch_sums(labels, logits):
-    return _batch_sums(labels, logits,
-                       losses_lib.sparse_softmax_cross_entropy, metric_fn)
+    return _batch_sums(_per_example(
+        labels, logits, losses_lib.sparse_softmax_cross_entropy, metric_fn))
 
   # Every signature has the same single input (see `export._signatures`).
   serving = loaded.signatures[export.SERVING_KEY]

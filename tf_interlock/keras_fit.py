@@ -21,7 +21,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_interlock import evaluation
+from tf_interlock import exits as exits_lib
 from tf_interlock import losses as losses_lib
+from tf_interlock import metric_names
 
 _SPARSE_ACCURACY = ("accuracy", "acc", "sparse_categorical_accuracy")
 
@@ -341,10 +344,11 @@ class FitState:
           self.sums[key] = self.sums.get(key, 0.0) + value * counted
       self.done += num
       logs = {key: value / self.done for key, value in self.sums.items()}
-      last = model.num_modules
-      logs["loss"] = logs[f"module_{last}/loss"]
-      if f"module_{last}/accuracy" in logs:
-        logs["accuracy"] = logs[f"module_{last}/accuracy"]
+      # Keras's own names are the network's, module K's.
+      for name in ("loss", "accuracy"):
+        key = metric_names.metric_name(model.num_modules - 1, name)
+        if key in logs:
+          logs[name] = logs[key]
       return logs
     return train_function
 
@@ -378,30 +382,27 @@ def callback_list(callbacks, model, state, epochs, verbose):
 def eval_trackers(modules, with_metric):
   """Mean trackers of every exit's loss (and metric), in log order."""
   names = ["loss"] + (["accuracy"] if with_metric else [])
-  for k, module in enumerate(modules, start=1):
-    if k == len(modules) or module.has_aux_head:
-      names.append(f"module_{k}/loss")
+  for index in range(len(modules)):
+    if exits_lib.is_exit(modules, index):
+      names.append(metric_names.metric_name(index, "loss"))
       if with_metric:
-        names.append(f"module_{k}/accuracy")
+        names.append(metric_names.metric_name(index, "accuracy"))
   return [keras.metrics.Mean(name=name) for name in names]
 
 
 def update_eval_trackers(model, x, y):
-  """Runs every exit on a batch and updates the trackers."""
+  """Runs every exit on a batch (the one evaluator, `evaluation`) and
+  updates the trackers; "loss" and "accuracy" are module K's."""
   trackers = {m.name: m for m in model.metrics}
-  h = x
-  for k, module in enumerate(model.interlock_modules, start=1):
-    with model._scope(k - 1):  # pylint: disable=protected-access
-      h = module.body(h, training=False)
-      last = k == model.num_modules
-      if last or module.has_aux_head:
-        logits = h if last else module.aux_head(h, training=False)
-        names = [f"module_{k}/"] + ([""] if last else [])
-        loss = model._loss_fn(y, logits)  # pylint: disable=protected-access
-        metric = (None if model._metric_fn is None  # pylint: disable=protected-access
-                  else model._metric_fn(y, logits))  # pylint: disable=protected-access
-        for prefix in names:
-          trackers[prefix + "loss"].update_state(loss)
-          if metric is not None:
-            trackers[prefix + "accuracy"].update_state(metric)
+  # pylint: disable=protected-access
+  values = evaluation.exit_values(model.interlock_modules, x, y,
+                                  model._loss_fn, model._metric_fn,
+                                  scope=model._scope)
+  # pylint: enable=protected-access
+  network = metric_names.network_head(values)
+  for head, per_example in values.items():
+    for prefix in [f"{head}/"] + ([""] if head == network else []):
+      trackers[prefix + "loss"].update_state(per_example["loss"])
+      if "metric" in per_example:
+        trackers[prefix + "accuracy"].update_state(per_example["metric"])
   return {m.name: m.result() for m in model.metrics}

@@ -32,6 +32,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import keras_fit
 from tf_interlock import keras_summary
@@ -122,11 +123,7 @@ class InterlockModel(keras.Model):
     dtype = self._input_dtype or "float32"
     h = tf.zeros([1] + list(input_shape)[1:], dtype=dtype)
     with self._distribute.scope():
-      for k, module in enumerate(self.interlock_modules):
-        with self._scope(k):
-          h = module(h, training=False)
-          if module.has_aux_head:
-            h = h[0]
+      exits_lib.build(self.interlock_modules, h, scope=self._scope)
     self._build_trainer_slots(input_shape)
 
   def _build_trainer_slots(self, input_shape):
@@ -159,14 +156,8 @@ class InterlockModel(keras.Model):
 
   def _forward(self, inputs, exit_k, training=False):
     """Modules 1..k, then aux head k (k < K) or the network's own output."""
-    last = self.num_modules if exit_k is None else exit_k
-    h = inputs
-    for k, module in enumerate(self.interlock_modules[:last]):
-      with self._scope(k):
-        h = module.body(h, training=training)
-        if k + 1 == last and last < self.num_modules:
-          h = module.aux_head(h, training=training)
-    return h
+    return exits_lib.exit_logits(self.interlock_modules, inputs, exit_k,
+                                 training=training, scope=self._scope)
 
   # -- compile and fit ------------------------------------------------------
 
@@ -374,4 +365,3 @@ class InterlockModel(keras.Model):
             else placement.scope(k)):
         modules.append(keras.saving.deserialize_keras_object(module))
     return cls(modules, placement=placement, distribute=distribute, **config)
-

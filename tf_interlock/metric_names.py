@@ -1,14 +1,30 @@
-"""Per-module metric names: "module_{k}/{name}", modules counted from 1.
+"""One naming scheme for every per-module number: "module_{k}/{name}".
 
-The trainer reports every metric of module k (0-based index k in the code)
-as "module_{k + 1}/{name}", e.g. "module_1/loss"; TensorBoard, the progress
-line and the NaN policy read them back. Both directions live here, so the
-format is defined once.
+Module k (1-based; 0-based index k - 1 in the code) owns one exit: its aux
+head's logits for k < K, the network's own output for k = K (see
+`tf_interlock.exits`). Every number about module k or its exit is named
+"module_{k}/{name}": the trainer's "module_1/loss" and
+"module_1/grad_norm", Keras `fit`'s logs, TensorBoard (training and
+evaluation) and the evaluation results, which nest the same names as
+{"module_1": {"loss": ..., "accuracy": ...}, ..., "module_K": {...}}.
+Keras's own "loss" and "accuracy" in `fit`'s logs are module K's, the
+network's.
+
+Results written before this scheme named the exits "exit_{k}" and the
+network's head "final"; `canonical_heads` reads them in today's names.
 """
 
 import re
 
 _KEY = re.compile(r"^module_([1-9]\d*)/(.+)$")
+_HEAD = re.compile(r"^module_([1-9]\d*)$")
+_LEGACY_EXIT = re.compile(r"^exit_([1-9]\d*)$")
+LEGACY_FINAL = "final"
+
+
+def module_name(index):
+  """"module_{index + 1}": module `index`'s (0-based) head and prefix."""
+  return f"module_{index + 1}"
 
 
 def metric_name(index, name):
@@ -21,7 +37,7 @@ def metric_name(index, name):
   Returns:
     "module_{index + 1}/{name}".
   """
-  return f"module_{index + 1}/{name}"
+  return f"{module_name(index)}/{name}"
 
 
 def parse_metric_name(key):
@@ -42,3 +58,53 @@ def parse_metric_name(key):
         f"A per-module metric name looks like 'module_<k>/<name>' with "
         f"k >= 1. Received: key={key!r}")
   return int(match.group(1)) - 1, match.group(2)
+
+
+def head_index(head):
+  """The 0-based module index of a head name "module_{k}".
+
+  Raises:
+    ValueError: when `head` is not a head name of this scheme.
+  """
+  match = _HEAD.match(head)
+  if match is None:
+    raise ValueError(f"A head name looks like 'module_<k>' with k >= 1. "
+                     f"Received: head={head!r}")
+  return int(match.group(1)) - 1
+
+
+def canonical_heads(results, num_modules=None):
+  """`results` ({head: value}) with every head named "module_{k}".
+
+  Reads results of either scheme: an older file's "exit_{k}" is module k's
+  exit and its "final" the network's, module K.
+
+  Args:
+    results: {head: value}, heads "module_k", or "exit_k" and "final".
+    num_modules: K, when known; else an older "final" is taken to follow
+      the deepest head listed (its module K - 1 had an exit).
+
+  Returns:
+    A new dict in depth order, module 1 first.
+
+  Raises:
+    ValueError: for a head name of neither scheme.
+  """
+  named = {}
+  for head, value in results.items():
+    legacy = _LEGACY_EXIT.match(head)
+    if legacy is not None:
+      head = module_name(int(legacy.group(1)) - 1)
+    elif head != LEGACY_FINAL:
+      head_index(head)  # raises for a name of neither scheme
+    named[head] = value
+  if LEGACY_FINAL in named:
+    last = num_modules or 1 + max(
+        [head_index(h) + 1 for h in named if h != LEGACY_FINAL], default=0)
+    named[module_name(last - 1)] = named.pop(LEGACY_FINAL)
+  return dict(sorted(named.items(), key=lambda kv: head_index(kv[0])))
+
+
+def network_head(results):
+  """The name of the deepest head in `results`: the network's output."""
+  return max(results, key=head_index)

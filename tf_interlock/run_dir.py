@@ -22,7 +22,7 @@ from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
-from tf_interlock import export as export_lib
+from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import paths
 
 CONFIG = "config.json"
@@ -106,17 +106,18 @@ class RunDir:
     export of the outer run replaces its export folder, and a checkpoint
     manager deletes old ckpt-N files next to it. Reads only.
     """
-    if tf.io.gfile.exists(self.file(export_lib.MARKER)):
+    if tf.io.gfile.exists(self.file(export_dir_lib.MARKER)):
       raise ValueError(f"{self.name}={self.path} is an export "
-                       f"({export_lib.MARKER}), not a run directory; nothing "
-                       f"was changed: pick another folder. {self._received}")
+                       f"({export_dir_lib.MARKER}), not a run directory; "
+                       f"nothing was changed: pick another folder. "
+                       f"{self._received}")
     current = self.path
     while True:
       up = paths.parent(current)
       if up == current or up.endswith("://") or up == "":
         return
       current = up
-      if tf.io.gfile.exists(paths.join(current, export_lib.MARKER)):
+      if tf.io.gfile.exists(paths.join(current, export_dir_lib.MARKER)):
         owner = f"the export {current}"
       elif tf.io.gfile.exists(paths.join(current, RUN_INFO)) or (
           tf.io.gfile.exists(paths.join(current, CONFIG)) and
@@ -230,7 +231,7 @@ class RunDir:
         raise ValueError(f"{name}={target} lies in the run's {entry}; use "
                          f"model_dir/{EXPORT} or a separate directory. "
                          f"{received}")
-    export_lib.check_export_target(target, self.run_id(), name=name)
+    export_dir_lib.check_export_target(target, self.run_id(), name=name)
     return target
 
   def complete_checkpoints(self):

@@ -32,6 +32,7 @@ import keras
 import tensorflow as tf
 
 from tf_interlock import engine
+from tf_interlock import exits as exits_lib
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 from tf_interlock import placement as placement_lib
@@ -229,11 +230,7 @@ class InterlockTrainer:
     with self.distribute.scope():
       h = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[:1],
                                 sample_features)
-      for k, module in enumerate(self.modules):
-        with self.placement.scope(k):
-          h = module(h, training=False)
-          if module.has_aux_head:
-            h = h[0]
+      exits_lib.build(self.modules, h, scope=self.placement.scope)
       for k, opt in enumerate(self.optimizers):
         with self.placement.scope(k):
           opt.build(self.variables(k))

@@ -12,7 +12,9 @@ import typing
 
 import tensorflow as tf
 
+from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
+from tf_interlock import export_dir as export_dir_lib
 from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from train import config as config_lib
@@ -98,10 +100,8 @@ def restored_modules(config, task, checkpoint, model_dir):
     ValueError: for a corrupt checkpoint or one from another model.
   """
   modules = networks.make_modules(config, task)
-  h = next(iter(task.eval.take(1)))[0]
-  for module in modules:  # build every weight before restoring
-    h = module(h)
-    h = h[0] if module.has_aux_head else h
+  # Builds every weight before restoring.
+  exits_lib.build(modules, next(iter(task.eval.take(1)))[0])
   restorable = tf.train.Checkpoint(**{
       f"module_{k + 1}": m for k, m in enumerate(modules)})
   try:
@@ -176,10 +176,10 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     raise ValueError("--saved_model or --model_dir is required. Received: "
                      "saved_model=None")
   else:
-    marker = export_lib.read_marker(saved_model) or {}
+    marker = export_dir_lib.read_marker(saved_model) or {}
     if isinstance(marker.get("config"), dict):
       recorded = config_from_dict(
-          marker["config"], f"{saved_model}/{export_lib.MARKER}")
+          marker["config"], f"{saved_model}/{export_dir_lib.MARKER}")
   if recorded is None:
     return flag_config, saved_model
   for name in given:

@@ -80,7 +80,7 @@ def _learning_rates(trainer):
 
 
 def evaluate(trainer, task, config):
-  """Final head and every exit on the eval split: {head: metrics}."""
+  """Every exit on the eval split: {"module_k": metrics}, k = 1..K."""
   dataset = task.eval
   if config.eval_batches:
     dataset = dataset.take(config.eval_batches)
@@ -291,13 +291,15 @@ def no_context_warning(results, unigram_perplexity, margin=0.95):
   a silent number.
 
   Args:
-    results: {head: {"perplexity": value, ...}} of the last evaluation.
+    results: {"module_k": {"perplexity": value, ...}} of the last
+      evaluation.
     unigram_perplexity: the unigram model's perplexity on the eval split.
     margin: a head above `margin` x the unigram perplexity is named.
   """
-  flat = sorted(head for head, metrics in (results or {}).items()
-                if metrics.get("perplexity", 0.0)
-                >= margin * unigram_perplexity)
+  flat = sorted((head for head, metrics in (results or {}).items()
+                 if metrics.get("perplexity", 0.0)
+                 >= margin * unigram_perplexity),
+                key=metric_names.head_index)
   if not flat:
     return None
   values = ", ".join(f"{head} {results[head]['perplexity']:.1f}"

@@ -1,0 +1,233 @@
+"""Who owns an export directory, and how an export replaces it safely.
+
+Never lose what we did not write: each export carries a marker file,
+`interlock_export.json`, naming its owner (a training run's id) and listing
+every file the export wrote. An existing export directory is replaced only
+when it is empty, or its marker names the same owner and it holds nothing
+but the listed files (say, a run someone started inside it); anything else
+is refused.
+
+`write_owned` is the replace protocol: the new content is written into a
+temporary sibling `.<name>.tmp-<id>` (holding the marker from the start),
+then moved into place; an existing export is first moved aside to
+`.<name>.old-<id>` and deleted only once the new one is in place. An
+interrupted export therefore never leaves a half-written directory behind,
+and the next export of the same owner removes (or, for a complete export
+left aside, puts back) what it left. Every file operation goes through
+`tf.io.gfile`, so the directory may be local or a URL (gs://, ram://).
+"""
+
+import json
+import os
+import uuid
+
+import tensorflow as tf
+
+from tf_interlock import paths
+
+MARKER = "interlock_export.json"
+# What a SavedModel holds at its top level: an export whose marker predates
+# the file list may hold these and nothing else.
+_SAVED_MODEL_ENTRIES = frozenset({
+    "saved_model.pb", "saved_model.pbtxt", "variables", "assets",
+    "assets.extra", "fingerprint.pb", "keras_metadata.pb", MARKER})
+
+
+def read_marker(export_dir):
+  """The marker of an export: {"owner": ..., ...}, or None if absent/bad."""
+  path = paths.join(os.fspath(export_dir), MARKER)
+  if paths.special_kind(path) is not None:
+    return None  # a FIFO would block the read: no marker of ours
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      marker = json.loads(f.read().decode("utf-8"))
+  except (tf.errors.OpError, ValueError):
+    return None
+  return marker if isinstance(marker, dict) else None
+
+
+def _files(directory):
+  """Every file and folder under `directory`, as sorted relative paths."""
+  found = []
+  for root, dirs, files in tf.io.gfile.walk(directory):
+    rel = root[len(directory):].strip("/")
+    found.extend(paths.join(rel, name.rstrip("/")) if rel else
+                 name.rstrip("/") for name in list(dirs) + list(files))
+  return sorted(found)
+
+
+def foreign_entries(directory, marker):
+  """What `directory` holds that the export of `marker` did not write.
+
+  Args:
+    directory: an existing export directory.
+    marker: its marker (`read_marker`).
+
+  Returns:
+    Sorted relative paths; [] when everything there is the export's.
+  """
+  if isinstance(marker.get("files"), list):
+    return sorted(set(_files(directory)) - set(marker["files"]))
+  return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(directory)
+                if name.rstrip("/") not in _SAVED_MODEL_ENTRIES)
+
+
+def _owned(directory, owner):
+  """True if `directory` is an export of `owner` (a non-None id) holding
+  only what that export wrote."""
+  marker = read_marker(directory)
+  return (owner is not None and marker is not None and
+          marker.get("owner") == owner and
+          not foreign_entries(directory, marker))
+
+
+def check_export_target(export_dir, owner=None, name="export_dir"):
+  """Raises unless an export may write `export_dir`; writes nothing.
+
+  Allowed: a path that does not exist (its parents are created), an empty
+  directory, or an earlier export whose marker names `owner`.
+
+  Args:
+    export_dir: the target path.
+    owner: the id of the run exporting (None: nothing is replaceable).
+    name: how errors name the target, e.g. "--export_dir".
+
+  Raises:
+    ValueError: naming the path and what is wrong with it.
+  """
+  export_dir = paths.normalize(export_dir)
+  received = f"Received: {name.lstrip('-')}={export_dir!r}"
+  blocker = paths.file_above(export_dir)
+  if blocker == export_dir:
+    raise ValueError(f"{name}={export_dir} is a file, not a directory; pick "
+                     f"a new directory. {received}")
+  if blocker is not None:
+    raise ValueError(f"{name}={export_dir} lies under the file {blocker}; "
+                     f"pick a directory path. {received}")
+  if not tf.io.gfile.exists(export_dir):
+    return
+  marker = read_marker(export_dir)
+  foreign = (foreign_entries(export_dir, marker)
+             if marker is not None and owner is not None and
+             marker.get("owner") == owner else [])
+  if foreign:
+    shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+    raise ValueError(
+        f"{name}={export_dir} is an earlier export of this run but also "
+        f"holds entries the export did not write ({shown}); nothing was "
+        f"changed: move them away or pick another directory. {received}")
+  if tf.io.gfile.listdir(export_dir) and not _owned(export_dir, owner):
+    raise ValueError(
+        f"{name}={export_dir} holds files that are not an export of this "
+        f"run (no {MARKER} naming it); nothing was changed: move them away "
+        f"or pick another directory. {received}")
+
+
+def _write_marker(directory, marker):
+  """Writes `marker` plus the list of files `directory` holds (itself
+  included), so a later export can tell its own files from others'."""
+  path = paths.join(directory, MARKER)
+  files = sorted(set(_files(directory)) | {MARKER})
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)  # ram:// appends on "w"
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(dict(marker, files=files), indent=2, sort_keys=True))
+
+
+def _siblings(export_dir, kind):
+  """Temporary siblings of `export_dir` of one kind ("tmp" or "old")."""
+  prefix = f".{paths.basename(export_dir)}.{kind}-"
+  parent = paths.parent(export_dir)
+  return [paths.join(parent, entry.rstrip("/"))
+          for entry in tf.io.gfile.listdir(parent)
+          if entry.startswith(prefix)]
+
+
+def remove_stale(export_dir, owner):
+  """Deletes what an export of `owner` killed midway left next to the target.
+
+  Only our own names (`.<name>.tmp-*`, `.<name>.old-*`) that are empty or
+  carry `owner`'s marker; anything else stays. An `.old-*` export while
+  `export_dir` is missing (killed between the two moves) is the only
+  complete export: it is put back, not deleted.
+  """
+  for path in _siblings(export_dir, "old"):
+    if not tf.io.gfile.exists(export_dir) and _owned(path, owner):
+      paths.move_dir(path, export_dir, last=MARKER)
+  for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
+    if tf.io.gfile.isdir(path) and (
+        not tf.io.gfile.listdir(path) or _owned(path, owner)):
+      tf.io.gfile.rmtree(path)
+
+
+def _replace_dir(new_dir, export_dir, old_dir):
+  """Moves `new_dir` to `export_dir`, swapping out any existing directory.
+
+  `export_dir` only ever holds a complete export, old or new (between the
+  two moves it briefly does not exist); the old one is deleted only once
+  the new one is in place, and put back if that fails.
+  """
+  if tf.io.gfile.exists(export_dir) and not tf.io.gfile.listdir(export_dir):
+    tf.io.gfile.rmtree(export_dir)  # empty: nothing to keep
+  if not tf.io.gfile.exists(export_dir):
+    paths.move_dir(new_dir, export_dir, last=MARKER)
+    return
+  paths.move_dir(export_dir, old_dir, last=MARKER)
+  # Checked again once it is out of the way: a file added to the old export
+  # since `check_export_target` would otherwise be deleted with it.
+  marker = read_marker(old_dir)
+  late = ([MARKER] if marker is None else foreign_entries(old_dir, marker))
+  if late:
+    paths.move_dir(old_dir, export_dir, last=MARKER)
+    raise ValueError(
+        f"export_dir={export_dir} changed during the export: it now holds "
+        f"entries the earlier export did not write ({', '.join(late[:3])}); "
+        f"nothing was replaced. Received: export_dir={export_dir!r}")
+  try:
+    paths.move_dir(new_dir, export_dir, last=MARKER)
+  except BaseException:  # also Ctrl-C or SIGTERM between the two moves
+    if tf.io.gfile.exists(export_dir):
+      tf.io.gfile.rmtree(export_dir)  # a partial copy (URLs) of new_dir
+    paths.move_dir(old_dir, export_dir, last=MARKER)
+    raise
+  tf.io.gfile.rmtree(old_dir)
+
+
+def write_owned(export_dir, write, *, owner=None, metadata=None):
+  """Writes a directory through `write(tmp_dir)`, then moves it into place.
+
+  Args:
+    export_dir: the target (local path or URL); checked first with
+      `check_export_target`, so nothing is written when it is refused.
+    write: `write(tmp_dir)` fills the fresh temporary sibling directory.
+    owner: an id (e.g. a training run's) written into the marker; an
+      existing export is replaced only if its marker names the same owner.
+      None: only a missing or empty `export_dir` is written.
+    metadata: JSON-serializable dict stored in the marker, read back by
+      `read_marker`.
+
+  Returns:
+    The normalized `export_dir`.
+  """
+  export_dir = paths.normalize(export_dir)
+  check_export_target(export_dir, owner)
+  tf.io.gfile.makedirs(paths.parent(export_dir))
+  if owner is not None:
+    remove_stale(export_dir, owner)
+  # Same parent, so the final rename stays on one file system (atomic).
+  token = uuid.uuid4().hex[:12]
+  new_dir, old_dir = (
+      paths.join(paths.parent(export_dir),
+                 f".{paths.basename(export_dir)}.{kind}-{token}")
+      for kind in ("tmp", "old"))
+  marker = {"owner": owner, **(metadata or {})}
+  tf.io.gfile.makedirs(new_dir)
+  try:
+    _write_marker(new_dir, marker)  # a killed write is still recognisable
+    write(new_dir)
+    _write_marker(new_dir, marker)  # now listing every file written
+    _replace_dir(new_dir, export_dir, old_dir)
+  finally:
+    if tf.io.gfile.exists(new_dir):
+      tf.io.gfile.rmtree(new_dir)
+  return export_dir
