@@ -141,3 +141,24 @@ def test_committed_study_results_read_in_todays_names():
   network = metric_names.network_head(heads[0])
   assert np.mean([h[network]["accuracy"] for h in heads]) == pytest.approx(
       e2e["final"]["final"]["accuracy"]["mean"])
+
+
+@pytest.mark.parametrize("final, exit_1", [("module_2", "module_1"),
+                                           ("final", "exit_1")])
+def test_a_run_is_summarized_in_todays_names(tmp_path, final, exit_1):
+  # research.study_clock reads a run's TensorBoard events: today's tags and
+  # those of runs written before the "module_k" scheme give the same result.
+  from research import study_clock  # pylint: disable=import-outside-toplevel
+  from tf_interlock import run_dir  # pylint: disable=import-outside-toplevel
+  run = run_dir.RunDir(str(tmp_path))
+  with tf.summary.create_file_writer(run.train_log_dir).as_default():
+    for step in (10, 20):
+      tf.summary.scalar("step_time_s", 0.1, step=step)
+  with tf.summary.create_file_writer(run.eval_log_dir).as_default():
+    for step, value in ((10, 0.5), (20, 0.75)):
+      tf.summary.scalar(f"{final}/accuracy", value, step=step)
+      tf.summary.scalar(f"{exit_1}/accuracy", value / 2, step=step)
+  summary = study_clock.summarize_run(str(tmp_path), "accuracy")
+  assert summary["eval"] == {"module_1": {"accuracy": 0.375},
+                             "module_2": {"accuracy": 0.75}}
+  assert [p["value"] for p in summary["curve"]] == [0.5, 0.75]
