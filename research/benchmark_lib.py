@@ -346,23 +346,23 @@ def add_speedups(rows, e2e_row, plain_step_s):
                                   row["measured_step_s"])
 
 
-def run_child(args):
-  """Runs `python -m research.benchmark *args` in a child process (its own
-  thread pools) from the repository root; its JSON report (the last line
-  of its output).
+def run_child(args, module="research.benchmark"):
+  """Runs `python -m <module> *args` in a child process (its own thread
+  pools) from the repository root; its JSON report (the last line of its
+  output).
 
   Raises:
     RuntimeError: with the child's last line of stderr when it failed.
   """
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  args = [sys.executable, "-m", "research.benchmark", *args]
+  args = [sys.executable, "-m", module, *args]
   env = dict(os.environ, PYTHONPATH=root + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
                         text=True, check=False)
   if proc.returncode:
     lines = proc.stderr.strip().splitlines() or ["(no output)"]
-    raise RuntimeError(f"research.benchmark {' '.join(args[3:])} failed "
+    raise RuntimeError(f"{module} {' '.join(args[3:])} failed "
                        f"(rc {proc.returncode}): {lines[-1]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 

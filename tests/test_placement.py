@@ -54,6 +54,24 @@ def test_threads_that_cannot_be_applied_raise():
     placement_lib.configure_simulated_devices(K, intra_op_threads=2)
 
 
+def matmul_devices(graph):
+  """Device indices of the MatMuls `graph` runs, also those inside the
+  functions it calls (the modules' traced bodies and their VJPs): an op
+  without a device in a function runs on its call op's device."""
+  library = {f.signature.name: f
+             for f in graph.as_graph_def().library.function}
+
+  def calls_matmul(name):
+    nodes = library[name].node_def
+    return any(n.op == "MatMul" or (n.op.endswith("PartitionedCall") and
+                                    calls_matmul(n.attr["f"].func.name))
+               for n in nodes)
+
+  return {op.device.split(":")[-1] for op in graph.get_operations()
+          if op.type == "MatMul" or (op.type.endswith("PartitionedCall") and
+                                     calls_matmul(op.get_attr("f").name))}
+
+
 def test_trainer_places_variables_and_ops():
   x, y = helpers.batch(size=8)
   placement = placement_lib.make_placement("simulated", K)
@@ -70,10 +88,8 @@ def test_trainer_places_variables_and_ops():
       assert v.value.device.endswith(f"CPU:{k}"), (k, v.path, v.value.device)
   iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
   trainer.train_loop(iterator)
-  graph = trainer._loop_fns[1].get_concrete_function(iterator).graph
-  matmul_devices = {op.device.split(":")[-1] for op in graph.get_operations()
-                    if op.type == "MatMul"}
-  assert matmul_devices == {str(k) for k in range(K)}
+  graph = trainer.loop_function(1).get_concrete_function(iterator).graph
+  assert matmul_devices(graph) == {str(k) for k in range(K)}
   # Same numbers as on one device.
   single = helpers.mlp_modules(K, seed=4)
   reference = InterlockTrainer(single, lambda k: keras.optimizers.Adam(0.01),

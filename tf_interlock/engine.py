@@ -49,6 +49,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from tf_interlock import metric_names
+from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import routing
 
@@ -115,6 +116,8 @@ class InterlockStep:
     self.loss_fn = loss_fn
     self.metric_fn = metric_fn
     self.placement = placement or placement_lib.Placement("single")
+    self.functions = module_functions.ModuleFunctions(self.modules,
+                                                      self.placement)
 
   def _average(self, per_example, global_batch_size, what):
     per_example = tf.cast(per_example, tf.float32)
@@ -181,9 +184,11 @@ class InterlockStep:
       with tf.GradientTape(persistent=True) as tape:
         if k > 0:
           tape.watch(x)
-        h = place.annotate(module.body(x, training=True), k)
-        reg = (tf.nn.scale_regularization_loss(tf.add_n(module.body.losses))
-               if module.body.losses else None)
+        # One traced function per module (`module_functions`): the
+        # unrolled steps call it instead of re-tracing the body.
+        h, reg = self.functions.body(k, x)
+        h = place.annotate(h, k)
+        reg = None if reg is None else tf.nn.scale_regularization_loss(reg)
         if last:
           # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
           # the true loss, taken on this tape.

@@ -28,6 +28,8 @@ scale S_k and its optimizer unscales its gradients and skips a non-finite
 step, lowering S_k, by Keras's rules.
 """
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -157,6 +159,11 @@ class InterlockTrainer:
         metric_fn, self.placement)
     self._loop_fns = {}
     self._built = False
+    # Module k's update, traced once and called by every unrolled step (see
+    # `module_functions`).
+    self._updates = [self.step.functions.add(
+        functools.partial(self._apply, k), ("update", k))
+                     for k in range(len(self.modules))]
 
   @property
   def num_modules(self):
@@ -314,8 +321,12 @@ class InterlockTrainer:
         metrics[metric_names.metric_name(k, "grad_norm")] = norm / replicas
         if self.replicas is not None:
           grads[k] = self.replicas.sum_module(k, grads[k], metrics)
-        opt.apply_gradients(zip(grads[k], self.variables(k)))
+        self._updates[k](grads[k])
     return metrics
+
+  def _apply(self, k, grads):
+    """Module k's optimizer applies `grads` (theta_k then phi_k)."""
+    self.optimizers[k].apply_gradients(zip(grads, self.variables(k)))
 
   def _agree_on_skip(self, grads, norm, scale, replicas, context, k,
                      metrics):
@@ -358,6 +369,17 @@ class InterlockTrainer:
     # run while later modules still work on step t.
     return tf.function(loop, autograph=False)
 
+  def loop_function(self, num_steps):
+    """The `tf.function` that `train_loop` calls for `num_steps` steps.
+
+    Made once per `num_steps`; it takes the iterator and returns the
+    metrics as tensors. Exposed to time or inspect its tracing (e.g.
+    `get_concrete_function(iterator)`).
+    """
+    if num_steps not in self._loop_fns:
+      self._loop_fns[num_steps] = self._make_loop(num_steps)
+    return self._loop_fns[num_steps]
+
   def train_loop(self, iterator, num_steps=None):
     """Runs `num_steps` (default `steps_per_loop`) steps in one call.
 
@@ -386,10 +408,8 @@ class InterlockTrainer:
           "so that every weight and optimizer slot is created on its "
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
-    if num_steps not in self._loop_fns:
-      self._loop_fns[num_steps] = self._make_loop(num_steps)
     try:
-      metrics = self._loop_fns[num_steps](iterator)
+      metrics = self.loop_function(num_steps)(iterator)
     except tf.errors.OutOfRangeError:
       counters = [int(opt.iterations.numpy()) for opt in self.optimizers]
       raise DatasetEndedError(

@@ -1,0 +1,104 @@
+"""Per-module traced functions: traced once per module and input shape,
+however many steps are unrolled, and the same numbers as op by op."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from layers.interlock_module import InterlockModule
+from tests import helpers
+from tf_interlock import placement as placement_lib
+from tf_interlock.trainer import InterlockTrainer
+
+K = 3
+
+
+def _modules(seed=2):
+  """MLP modules with BatchNormalization and L2 regularizers: the traced
+  body must carry BN's moving-statistics updates and return the
+  regularization losses."""
+  init = lambda i: keras.initializers.GlorotUniform(seed=seed * 100 + i)  # noqa
+  modules = []
+  for k in range(K):
+    body = [keras.layers.Dense(12, activation="relu",
+                               kernel_initializer=init(2 * k),
+                               kernel_regularizer=keras.regularizers.L2(0.1)),
+            keras.layers.BatchNormalization()]
+    head = None
+    if k == K - 1:
+      body.append(keras.layers.Dense(helpers.NUM_CLASSES,
+                                     kernel_initializer=init(2 * k + 1)))
+    else:
+      head = keras.layers.Dense(helpers.NUM_CLASSES,
+                                kernel_initializer=init(2 * k + 1))
+    modules.append(InterlockModule(body, aux_head=head))
+  return modules
+
+
+def _trainer(steps_per_loop, traced=True, strategy="2wise", microbatches=1):
+  x, y = helpers.batch(size=8)
+  trainer = InterlockTrainer(
+      _modules(), lambda k: keras.optimizers.Adam(0.01), strategy,
+      loss_fn=helpers.cross_entropy,
+      placement=placement_lib.make_placement("simulated", K),
+      steps_per_loop=steps_per_loop, num_microbatches=microbatches)
+  trainer.step.functions.traced = traced
+  trainer.build(x)
+  iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
+  return trainer, iterator
+
+
+def _calls(graph, device):
+  """Call ops on `device` in `graph` (traced module work)."""
+  return [op for op in graph.get_operations()
+          if op.type.endswith("PartitionedCall") and op.device.endswith(device)]
+
+
+@pytest.mark.parametrize("steps_per_loop,microbatches", [(1, 1), (4, 2)])
+def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
+                                                    microbatches):
+  trainer, iterator = _trainer(steps_per_loop, microbatches=microbatches)
+  trainer.train_loop(iterator)
+  trainer.train_loop(iterator, num_steps=3)  # a second loop function
+  expected = {(kind, k): 1 for kind in ("body", "update") for k in range(K)}
+  assert dict(trainer.step.functions.traces) == expected
+  # The unrolled graph calls module k's body once per step and microbatch,
+  # and its update once per step, on module k's device.
+  graph = trainer.loop_function(steps_per_loop).get_concrete_function(
+      iterator).graph
+  for k in range(K):
+    names = [op.get_attr("f").name for op in _calls(graph, f"CPU:{k}")]
+    bodies = [n for n in names if n.startswith("__forward_counted")]
+    assert len(bodies) == steps_per_loop * microbatches, names
+    assert len(set(bodies)) == 1
+
+
+def test_traced_equals_op_by_op():
+  traced, it_traced = _trainer(2)
+  inline, it_inline = _trainer(2, traced=False)
+  for _ in range(2):
+    m_traced = traced.train_loop(it_traced)
+    m_inline = inline.train_loop(it_inline)
+  assert not inline.step.functions.traces  # really op by op
+  for a, b in zip(helpers.weights(traced.modules),
+                  helpers.weights(inline.modules)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  for key, value in m_inline.items():
+    np.testing.assert_allclose(m_traced[key], value, atol=1e-6)
+
+
+def test_other_strategies_run_op_by_op(mirrored):
+  """Under MirroredStrategy, Keras's merge_call (optimizer, synchronized
+  BN) cannot run in a nested tf.function: nothing is traced per module."""
+  x, y = helpers.batch(size=8)
+  with mirrored.scope():
+    trainer = InterlockTrainer(
+        helpers.mlp_modules(K, seed=1, batch_norm=True),
+        lambda k: keras.optimizers.SGD(0.1), "2wise",
+        loss_fn=helpers.cross_entropy, distribute=mirrored)
+  trainer.build(x)
+  trainer.train_loop(iter(trainer.distribute_dataset(
+      helpers.repeat_dataset(x, y))))
+  assert not trainer.step.functions.traces
+  assert tf.reduce_all(tf.math.is_finite(trainer.modules[0].weights[0]))

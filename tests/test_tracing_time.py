@@ -1,0 +1,38 @@
+"""research.tracing_time: one-line errors for bad flags, and a real cell."""
+
+import json
+
+import pytest
+
+from research import tracing_time
+from tests import binaries
+
+
+@pytest.mark.parametrize("flag,shown", [
+    ("--model=vgg", "--model='vgg' is invalid"),
+    ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
+    ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
+])
+def test_bad_flags_fail_in_one_line(flag, shown):
+  proc = binaries.run_binary("research.tracing_time", flag, check=False)
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and shown in lines[0], proc.stderr
+  assert "Received:" in lines[0]
+
+
+def test_one_cell_times_tracing_then_steady_calls():
+  proc = binaries.run_binary(
+      "research.tracing_time", "--model=mlp", "--width=32", "--batch_size=8",
+      "--num_modules=2", "--calls=1", "--cell=2wise", "--steps_per_loop=2")
+  row = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert row["strategy"] == "2wise" and row["steps_per_loop"] == 2
+  # The first call includes the tracing; the steady call repeats nothing.
+  assert 0 < row["trace_s"] < row["first_s"]
+  assert 0 < row["steady_s"] < row["first_s"]
+  assert row["over_s"] == pytest.approx(row["first_s"] - row["steady_s"])
+  table = tracing_time.format_table({
+      "model": "mlp", "num_modules": 2, "batch_size": 8,
+      "load_average": [1.0, 2.0, 3.0], "rows": [row]})
+  assert "load average=1.0/2.0/3.0" in table
+  assert table.splitlines()[-1].split()[:2] == ["2wise", "2"]

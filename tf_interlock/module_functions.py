@@ -1,0 +1,118 @@
+"""Each module's forward as a `tf.function`, traced once per input shape.
+
+`InterlockTrainer` unrolls `steps_per_loop` steps (times microbatches) into
+one graph, so that module k can run step t + 1 while later modules finish
+step t. Written out op by op, that graph costs Python tracing time in
+proportion to the number of unrolled steps: every step re-traces every
+layer's forward and, through the tape, its backward.
+
+Here module k's body is a `tf.function` of its own. The unrolled graph then
+holds one call op per module and step, and TF traces the body once per
+input signature (shape and dtype), whatever the number of steps; the VJPs
+of a call are a second function (TF's forward/backward pair for a
+`tf.function`), also made once per traced body. The numbers are the same:
+the body computes the same ops, and TF inlines function calls before it
+places and runs the graph, so every op of module k still runs on module k's
+device, and nothing orders two calls except the variables they share
+(module k's forward at step t + 1 after module k's update at step t, the
+dependency the unrolled graph had already).
+
+The body's regularization losses are summed inside the function and
+returned: tensors a layer keeps in `losses` belong to the function's own
+graph and cannot be read outside it.
+"""
+
+import collections
+import functools
+
+import tensorflow as tf
+
+# Placements whose modules' bodies and updates are traced once: one process
+# under the default strategy. TPU (logical cores assigned while the replica
+# function is traced) and the cluster's remote devices keep the op-by-op
+# path they were written and checked with.
+TRACED_KINDS = ("single", "simulated", "gpu")
+
+
+class PerModuleFunction:
+  """`fn(*args)` traced as a `tf.function` once per argument signature.
+
+  The trace count is a Python side effect of tracing, kept in
+  `traces[key]`: it grows once per trace, never per call.
+
+  Under a `tf.distribute` strategy other than the default one, `fn` runs
+  inline (op by op, counting nothing): Keras's optimizers and synchronized
+  BatchNormalization synchronise replicas with `merge_call`, which TF
+  refuses inside a nested `tf.function`.
+  """
+
+  def __init__(self, fn, key, traces, traced=True):
+    self.fn = fn
+    self.key = key
+    self.traces = traces
+    self.traced = traced
+
+    def counted(*args):
+      traces[key] += 1
+      return fn(*args)
+
+    # autograph=False: the work is plain dataflow (Keras layers, optimizer
+    # updates); autograph's conversion would only add tracing time.
+    self._function = tf.function(counted, autograph=False)
+
+  def __call__(self, *args):
+    if self.traced and not tf.distribute.has_strategy():
+      return self._function(*args)
+    return self.fn(*args)
+
+
+class ModuleFunctions:
+  """Module k's traced work: its body here, and what callers `add`.
+
+  Args:
+    modules: the K `InterlockModule`s, in depth order.
+    placement: the `placement.Placement`; the work is traced only for
+      `TRACED_KINDS`.
+
+  Attributes:
+    traces: how often each per-module function was traced, keyed
+      `("body", k)` for the bodies and as callers `add` (a Python counter
+      incremented while tracing; calls do not count).
+    functions: every `PerModuleFunction`, by key.
+  """
+
+  def __init__(self, modules, placement):
+    self.modules = list(modules)
+    self._traced = placement.kind in TRACED_KINDS
+    self.traces = collections.Counter()
+    self.functions = {}
+    for k, module in enumerate(self.modules):
+      self.add(functools.partial(_body, module), ("body", k))
+
+  @property
+  def traced(self):
+    """Whether the functions are traced (False: every call op by op)."""
+    return self._traced
+
+  @traced.setter
+  def traced(self, value):
+    self._traced = bool(value)
+    for fn in self.functions.values():
+      fn.traced = self._traced
+
+  def add(self, fn, key):
+    """Registers `fn` as the per-module function `key`; returns it."""
+    self.functions[key] = PerModuleFunction(fn, key, self.traces,
+                                            self._traced)
+    return self.functions[key]
+
+  def body(self, k, x):
+    """h_k = M_k(x) in training mode, and M_k's summed regularization
+    losses (None when it has none), unscaled."""
+    return self.functions[("body", k)](x)
+
+
+def _body(module, x):
+  h = module.body(x, training=True)
+  reg = tf.add_n(module.body.losses) if module.body.losses else None
+  return h, reg
