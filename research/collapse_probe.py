@@ -47,6 +47,7 @@ import tensorflow as tf
 from layers.aux_heads import SequenceAuxHead
 from layers.transformer import TransformerBlock
 from tf_interlock import losses
+from tf_interlock import paths
 from tf_interlock import representation
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
@@ -91,6 +92,8 @@ _REPORT_DIR = flags.DEFINE_string(
     "run name) and tables.md (rewritten).")
 # What this binary writes first: how its report is told from another's.
 _COMMAND = "python -m research.collapse_probe"
+# The same binary before the research tools left train/ (older reports).
+_FORMER_COMMANDS = ("python -m train.collapse_probe",)
 _TABLES_HEADER = "# Module 1 per step (written by research.collapse_probe)"
 
 
@@ -329,7 +332,7 @@ def _is_probe_run(run):
   """Whether `run` is an entry this binary wrote into results.json."""
   return (isinstance(run, dict) and
           {"command", "probe_every", "records"} <= set(run) and
-          str(run["command"]).startswith(_COMMAND))
+          str(run["command"]).startswith((_COMMAND,) + _FORMER_COMMANDS))
 
 
 def read_report(report_dir):
@@ -375,9 +378,7 @@ def write_outputs(report_dir, results):
   tf.io.gfile.makedirs(report_dir)
   path = os.path.join(report_dir, "results.json")
   merged.update(results)
-  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump(merged, f, indent=1)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+  paths.write_atomic(path, json.dumps(merged, indent=1))
   lines = [_TABLES_HEADER, "",
            "own: the cotangent that trains module 1 under the run's "
            "strategy. Probe: one fixed validation batch.", ""]

@@ -33,6 +33,8 @@ READING = "reading.md"
 RESULTS = "results.json"
 REPORT = "report.md"
 COMMAND = "python -m research.compare"
+# The same binary before the research tools left train/ (older reports).
+FORMER_COMMANDS = ("python -m train.compare",)
 
 
 def _is_compare_results(path):
@@ -44,7 +46,8 @@ def _is_compare_results(path):
     return False
   return (isinstance(results, dict) and
           isinstance(results.get("strategies"), dict) and
-          str(results.get("command", "")).startswith(COMMAND))
+          str(results.get("command", "")).startswith(
+              (COMMAND,) + FORMER_COMMANDS))
 
 
 def check_report_dir(report_dir, plots):

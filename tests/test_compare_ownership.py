@@ -272,6 +272,17 @@ def test_report_dir_outputs_are_replaced_only_over_a_compare_report(
       {"command": "python -m research.compare --out_dir=x",
        "strategies": {"e2e": {}}}))
   study_report.check_report_dir(report_dir, plots=True)
+  # A report of the same binary from before the research tools left train/.
+  _write(os.path.join(report_dir, "results.json"), json.dumps(
+      {"command": "python -m train.compare --out_dir=x",
+       "strategies": {"e2e": {}}}))
+  study_report.check_report_dir(report_dir, plots=True)
+  _write(os.path.join(report_dir, "results.json"), json.dumps(
+      {"command": "python -m train.train --out_dir=x",
+       "strategies": {"e2e": {}}}))
+  with pytest.raises(ValueError, match="results.json, which is not an "
+                     "output of research.compare"):
+    study_report.check_report_dir(report_dir, plots=True)
 
 
 def test_each_strategy_once_whatever_its_spelling():

@@ -156,15 +156,9 @@ class RunDir:
     return value
 
   def _write_atomic(self, path, text):
-    """Writes `text` to `path` via a temporary file and a rename."""
+    """Writes `text` to `path` atomically, making the run folder if needed."""
     tf.io.gfile.makedirs(self.path)
-    # A prefix, not a suffix: TF's ram:// reports "x" as existing while
-    # "x.anything" does.
-    tmp = paths.join(paths.parent(path),
-                     f".tmp-{uuid.uuid4().hex[:8]}-{paths.basename(path)}")
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write(text)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    paths.write_atomic(path, text)
 
   def read_config(self):
     """config.json as a dict, or None in a new run directory."""

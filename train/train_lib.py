@@ -360,4 +360,4 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
     lock.release()
     if created and not tf.io.gfile.listdir(run_dir.path):
       tf.io.gfile.rmtree(run_dir.path)  # made here for the lock only
-    multi_worker.remove_own_dir(config, created)
+    multi_worker.remove_own_dir(config)
