@@ -102,3 +102,31 @@ def test_other_strategies_run_op_by_op(mirrored):
       helpers.repeat_dataset(x, y))))
   assert not trainer.step.functions.traces
   assert tf.reduce_all(tf.math.is_finite(trainer.modules[0].weights[0]))
+
+
+def test_a_module_waits_only_for_its_own_work():
+  """What keeps the overlap: a call waits (control edges, from shared
+  variables) only for ops of its own module; module k's forward at step 2
+  waits for module k's update at step 1."""
+  trainer, iterator = _trainer(2)
+  graph = trainer.loop_function(2).get_concrete_function(iterator).graph
+  # A variable read names no device in the graph: it runs where the
+  # variable lives (the handle captured from outside).
+  handles = {inner.name: outer for outer, inner in graph.captures}
+
+  def device(op):
+    if op.type == "ReadVariableOp" and not op.device:
+      return handles[op.inputs[0].name].device
+    return op.device
+
+  for k in range(K):
+    calls = _calls(graph, f"CPU:{k}")
+    for op in calls:
+      for before in op.control_inputs:
+        assert device(before).endswith(f"CPU:{k}"), (op.name, before.name)
+    forwards = [op for op in calls
+                if op.get_attr("f").name.startswith("__forward_counted")]
+    updates = [op for op in calls if op.type == "StatefulPartitionedCall"
+               and op not in forwards]
+    assert len(forwards) == 2 and len(updates) == 2
+    assert updates[0] in forwards[1].control_inputs

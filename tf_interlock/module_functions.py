@@ -1,21 +1,28 @@
-"""Each module's forward as a `tf.function`, traced once per input shape.
+"""Each module's body and update as a `tf.function`, traced once per shape.
 
 `InterlockTrainer` unrolls `steps_per_loop` steps (times microbatches) into
 one graph, so that module k can run step t + 1 while later modules finish
 step t. Written out op by op, that graph costs Python tracing time in
 proportion to the number of unrolled steps: every step re-traces every
-layer's forward and, through the tape, its backward.
+layer's forward, its backward (through the tape) and the optimizer update.
 
-Here module k's body is a `tf.function` of its own. The unrolled graph then
-holds one call op per module and step, and TF traces the body once per
-input signature (shape and dtype), whatever the number of steps; the VJPs
-of a call are a second function (TF's forward/backward pair for a
-`tf.function`), also made once per traced body. The numbers are the same:
-the body computes the same ops, and TF inlines function calls before it
-places and runs the graph, so every op of module k still runs on module k's
-device, and nothing orders two calls except the variables they share
-(module k's forward at step t + 1 after module k's update at step t, the
-dependency the unrolled graph had already).
+Here module k's body and its optimizer update are `tf.function`s of their
+own. The unrolled graph then holds call ops, one per module and step, and
+TF traces each function once per input signature (shapes and dtypes),
+whatever the number of steps; the VJPs of a body call come from a second
+function (TF's forward/backward pair of a traced function), also made once.
+What stays per step is the glue between modules: cutting, routing and
+summing cotangents, the aux heads, losses and metrics.
+
+Why the numbers and the overlap do not change:
+- the functions run the same ops on the same values;
+- each call op is created in module k's device scope, and the ops inside
+  name no device, so they run on the device of their call;
+- TF orders a call after an earlier op only when both use the same
+  variable (automatic control dependencies): module k's forward at step
+  t + 1 waits for module k's update at step t, the dependency the unrolled
+  graph had already, and for nothing of any other module
+  (tests/test_module_functions.py looks at the graph).
 
 The body's regularization losses are summed inside the function and
 returned: tensors a layer keeps in `losses` belong to the function's own
