@@ -124,6 +124,30 @@ def test_fit_updates_equal_the_trainers():
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
+def test_fit_logs_are_each_epochs_step_means():
+  # 3 steps an epoch, in calls of 2 and 1 steps; Keras resets the trackers
+  # when an epoch begins: every log is the mean over that epoch's steps.
+  x, y = data(num=3 * BATCH, seed=4)
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+      BATCH, drop_remainder=True)
+  model = cnn_model(steps_per_execution=2)
+  history = model.fit(dataset, epochs=2, verbose=0)
+  trainer = InterlockTrainer(
+      keras_split.from_keras(sequential_cnn(size=SIZE), 3),
+      lambda k: keras.optimizers.SGD(0.05), strategy="2wise",
+      placement=placement_lib.make_placement("simulated", 3))
+  trainer.build(x[:1])
+  for epoch in range(2):
+    iterator = iter(trainer.distribute_dataset(dataset))
+    steps = [trainer.train_loop(iterator, num_steps=1) for _ in range(3)]
+    for key in ("module_1/loss", "module_2/accuracy", "module_3/loss",
+                "module_3/grad_norm"):
+      assert history.history[key][epoch] == pytest.approx(
+          np.mean([step[key] for step in steps]), rel=1e-5), (key, epoch)
+  assert history.history["loss"] == history.history["module_3/loss"]
+  assert history.history["accuracy"] == history.history["module_3/accuracy"]
+
+
 def test_fit_under_mirrored_strategy(mirrored):
   x, y = data(num=2 * BATCH)
   with mirrored.scope():

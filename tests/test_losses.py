@@ -90,3 +90,20 @@ def test_rank_mismatch_raises(fn):
     fn(np.zeros((4, 3), np.int32), np.zeros((4, 3), np.float32))
   with pytest.raises(ValueError, match=r"Received: labels.shape=\(\)"):
     fn(np.int32(1), np.zeros((3,), np.float32))
+
+
+def test_per_example_loss_takes_names_and_means_positions():
+  # One per-example loss for the trainer and Keras's compile: a Keras loss
+  # name is looked up, and a callable's per-position values [B, T] are
+  # averaged to [B] (mean over positions, as for a Loss object).
+  rng = np.random.default_rng(3)
+  y_true = rng.normal(size=(4, 5)).astype(np.float32)
+  y_pred = rng.normal(size=(4, 5)).astype(np.float32)
+  by_name = losses.per_example_loss("mean_squared_error")(y_true, y_pred)
+  np.testing.assert_allclose(by_name, ((y_true - y_pred) ** 2).mean(-1),
+                             rtol=1e-6)
+  positions = losses.per_example_loss(lambda t, p: tf.abs(t - p))
+  np.testing.assert_allclose(positions(y_true, y_pred),
+                             np.abs(y_true - y_pred).mean(-1), rtol=1e-6)
+  with pytest.raises(ValueError, match="Received: loss='nope'"):
+    losses.per_example_loss("nope", name="loss")

@@ -1,16 +1,18 @@
 """The pieces `InterlockModel` plugs into Keras's compile/fit/evaluate.
 
-* `optimizer_factory`, `per_example_loss`, `per_example_metric` turn
-  `compile`'s Keras-style arguments into what `InterlockTrainer` takes: one
-  optimizer per module, created under that module's device scope, and
-  per-example losses. Each module's loss L_k must be averaged over the
-  *global* batch by the engine (`tf.nn.compute_average_loss`), so a Keras
-  loss's own reduction is bypassed: its `call` gives one value per example.
+* `per_example_metric`, `weighted` and `unweighted` turn `compile`'s
+  metric and `fit`'s sample weights into what `InterlockTrainer` takes; the
+  optimizers and the per-example loss are the trainer's own
+  (`trainer.optimizer_factory`, `losses.per_example_loss`): each module's
+  loss L_k is averaged over the *global* batch by the engine
+  (`tf.nn.compute_average_loss`), so a Keras loss's own reduction is
+  bypassed.
 * `training_dataset` turns `fit`'s x/y into fixed-size batches (every
   interlocking step needs a static batch) and works out the steps per epoch.
-* `FitState` is the function `fit` calls once per `steps_per_execution`
-  batches: it runs `InterlockTrainer.train_loop` and keeps the epoch's
-  running means, which Keras shows in the progress bar and History.
+* `FitLogs.train_function` is the function `fit` calls once per
+  `steps_per_execution` batches: it runs `InterlockTrainer.train_loop` and
+  adds its means to Keras `Mean` trackers, which Keras resets every epoch
+  and shows in the progress bar and History.
 * `eval_trackers`/`update_eval_trackers`: evaluation of every exit.
 """
 
@@ -27,41 +29,6 @@ from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 
 _SPARSE_ACCURACY = ("accuracy", "acc", "sparse_categorical_accuracy")
-
-
-def _clone(optimizer, where):
-  if not isinstance(optimizer, keras.optimizers.Optimizer):
-    raise ValueError(
-        f"optimizer must be a Keras optimizer, a name, a list of K "
-        f"optimizers or a callable k -> optimizer. Received: "
-        f"{where}={optimizer!r}")
-  # A fresh instance per module: its step counter and slots are created under
-  # that module's device scope; the user's instance is never updated.
-  return optimizer.__class__.from_config(optimizer.get_config())
-
-
-def optimizer_factory(optimizer, num_modules):
-  """A callable k -> a new optimizer for module k (k = 0..K-1)."""
-  if isinstance(optimizer, str):
-    try:
-      keras.optimizers.get(optimizer)
-    except ValueError as e:
-      raise ValueError(f"Unknown optimizer name. Received: "
-                       f"optimizer={optimizer!r}") from e
-    return lambda k: keras.optimizers.get(optimizer)
-  if isinstance(optimizer, (list, tuple)):
-    if len(optimizer) != num_modules:
-      raise ValueError(
-          f"A list of optimizers needs one per module ({num_modules} "
-          f"modules). Received: len(optimizer)={len(optimizer)}")
-    for k, opt in enumerate(optimizer):
-      _clone(opt, f"optimizer[{k}]")
-    return lambda k: _clone(optimizer[k], f"optimizer[{k}]")
-  if isinstance(optimizer, keras.optimizers.Optimizer):
-    return lambda k: _clone(optimizer, "optimizer")
-  if callable(optimizer):
-    return optimizer
-  return _clone(optimizer, "optimizer")  # Raises, naming the argument.
 
 
 def compile_config(optimizer, loss, metrics, steps_per_execution):
@@ -82,39 +49,6 @@ def compile_config(optimizer, loss, metrics, steps_per_execution):
     return None
   return dict(optimizer=optimizer, loss=loss, metrics=metrics,
               steps_per_execution=steps_per_execution)
-
-
-def per_example_loss(loss):
-  """`loss_fn(labels, logits) -> [batch]` from a name, Loss or callable."""
-  if loss is None:
-    return losses_lib.sparse_softmax_cross_entropy
-  fn = loss
-  if isinstance(loss, str):
-    try:
-      fn = keras.losses.get(loss)
-    except ValueError as e:
-      raise ValueError(f"Unknown loss name. Received: loss={loss!r}") from e
-  if isinstance(fn, keras.losses.Loss):
-    # Loss.call is the unreduced loss: whatever `reduction` the object was
-    # made with, the engine averages over the global batch itself.
-    fn = fn.call
-  if not callable(fn):
-    raise ValueError(f"loss must be a name, a keras.losses.Loss or a "
-                     f"callable (y_true, y_pred). Received: loss={loss!r}")
-
-  def loss_fn(labels, logits):
-    values = tf.convert_to_tensor(fn(labels, tf.cast(logits, tf.float32)))
-    if values.shape.rank == 0:
-      raise ValueError(
-          f"loss must return one value per example (shape [batch]); it "
-          f"returned a scalar, i.e. it reduced the batch itself. Pass a "
-          f"keras.losses.Loss or a per-example function. Received: "
-          f"loss={loss!r}")
-    values = tf.cast(values, tf.float32)
-    if values.shape.rank > 1:
-      values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-    return values
-  return loss_fn
 
 
 def weighted(loss_fn):
@@ -303,80 +237,67 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
           validation_data)
 
 
-class FitState:
-  """Steps done this epoch and the epoch's running per-module means."""
+class FitLogs:
+  """`fit`'s per-module logs, kept in Keras `Mean` trackers.
+
+  `train_function` is what `fit` calls once per `steps_per_execution`
+  batches: one `InterlockTrainer.train_loop` call, whose metrics are the
+  means over its steps. Keras 3.15's own function (`TensorFlowTrainer.
+  _make_function`) runs the steps as a `tf.while_loop` whose body calls
+  `train_step`, a nested `tf.function`, under a `tf.cond` on the next
+  batch, `unrolled_steps_per_execution` (default 1) steps per iteration,
+  and returns the last step's outputs only. With `train_step` = one routed
+  step (`InterlockTrainer`'s replica step), on the benchmark MLP (K = 4,
+  4 simulated devices x 1 thread, 16 steps a call, interleaved calls on a
+  loaded 2-core host) it took, relative to `train_loop`: e2e 1.17x,
+  local 1.10x, 2wise 0.97x at Keras's default unrolling; with all 16 steps
+  unrolled, e2e 1.09x, local 1.01-1.03x, 2wise 0.99-1.00x: outside 5% for
+  e2e either way, so `fit` keeps calling `train_loop`.
+
+  Each call's means go into the model's trackers
+  weighted by the steps it ran, so a tracker holds the epoch's running mean
+  (sum_calls steps_c * mean_c / sum_calls steps_c). Keras's `fit` resets
+  every tracker in `model.metrics` when an epoch begins (`reset_metrics`),
+  so the "loss" tracker's weight count is also the number of steps done
+  this epoch.
+
+  Names the evaluation also reports ("loss", "module_k/loss", ...) share
+  its trackers; training-only ones ("module_k/grad_norm", with loss
+  scaling "module_k/loss_scale" and "module_k/skipped") are made on first
+  use and listed in `extra`.
+  """
 
   def __init__(self):
-    self.steps, self.done, self.sums = None, 0, {}
-
-  def start(self, steps):
-    self.steps = steps
-    self.reset()
-
-  def reset(self):
-    self.done, self.sums = 0, {}
-
-  def callback(self):
-    state = self
-
-    class _EpochStart(keras.callbacks.Callback):
-
-      def on_epoch_begin(self, epoch, logs=None):
-        state.reset()
-
-    return _EpochStart()
+    self.steps_per_epoch = None
+    self.extra = {}
 
   def train_function(self, model):
-    """What `fit` calls once per `steps_per_execution` batches."""
+    """The callable `fit` calls with Keras's iterator; returns the logs."""
     def train_function(iterator):
+      trackers = {m.name: m for m in model.metrics}
+      done = int(trackers["loss"].count.numpy())
+      spe = model.steps_per_execution
       # The epoch's last call runs only the steps left, so an epoch is
-      # exactly `steps` steps even when steps_per_execution does not divide.
-      num = min(model.steps_per_execution, self.steps - self.done)
+      # exactly `steps_per_epoch` steps when spe does not divide it.
+      num = min(spe, self.steps_per_epoch - done)
       # Each distinct step count traces (and optimises) its own unrolled
       # function, whose cost grows with the steps unrolled: the leftover
       # steps run as one-step calls, the smallest function to trace.
-      calls = ([(model.steps_per_execution, num)]
-               if num == model.steps_per_execution else
+      calls = ([(spe, num)] if num == spe else
                [(1, 1)] * (max(num, 1) - 1) + [(1, min(num, 1))])
       for steps, counted in calls:
         metrics = model.trainer.train_loop(iterator, num_steps=steps)
+        # Keras's own names are the network's, module K's.
+        for name in ("loss", "accuracy"):
+          key = metric_names.metric_name(model.num_modules - 1, name)
+          if key in metrics:
+            metrics[name] = metrics[key]
         for key, value in metrics.items():
-          self.sums[key] = self.sums.get(key, 0.0) + value * counted
-      self.done += num
-      logs = {key: value / self.done for key, value in self.sums.items()}
-      # Keras's own names are the network's, module K's.
-      for name in ("loss", "accuracy"):
-        key = metric_names.metric_name(model.num_modules - 1, name)
-        if key in logs:
-          logs[name] = logs[key]
-      return logs
+          if key not in trackers:
+            trackers[key] = self.extra[key] = keras.metrics.Mean(name=key)
+          trackers[key].update_state(value, sample_weight=counted)
+      return {key: trackers[key].result() for key in metrics}
     return train_function
-
-
-class _StepCallbackList(keras.callbacks.CallbackList):
-  """Reports the epoch's last call as ending at its real last step.
-
-  Keras numbers a call's steps as if every call ran steps_per_execution of
-  them; the epoch's last call may run fewer (see `FitState`).
-  """
-
-  def __init__(self, callbacks, last_step, **kwargs):
-    super().__init__(callbacks, **kwargs)
-    self.last_step = last_step
-
-  def on_train_batch_end(self, batch, logs=None):
-    super().on_train_batch_end(min(batch, self.last_step), logs)
-
-
-def callback_list(callbacks, model, state, epochs, verbose):
-  """`fit`'s callbacks plus the one that resets `state` at each epoch."""
-  if isinstance(callbacks, keras.callbacks.CallbackList):
-    callbacks.append(state.callback())
-    return callbacks
-  return _StepCallbackList(
-      list(callbacks or []) + [state.callback()], last_step=state.steps - 1,
-      add_history=True, add_progbar=verbose != 0, verbose=verbose,
-      epochs=epochs, steps=state.steps, model=model)
 
 
 def eval_trackers(modules, with_metric):
@@ -405,4 +326,4 @@ def update_eval_trackers(model, x, y):
       trackers[prefix + "loss"].update_state(per_example["loss"])
       if "metric" in per_example:
         trackers[prefix + "accuracy"].update_state(per_example["metric"])
-  return {m.name: m.result() for m in model.metrics}
+  return {m.name: m.result() for m in model._eval_trackers}  # pylint: disable=protected-access

@@ -8,7 +8,10 @@ None gradient and `fit` quietly updates the last module alone.
 History, validation) and replaces the function `fit` calls once per
 `steps_per_execution` batches with `InterlockTrainer.train_loop`: the same
 unrolled routed steps, one optimizer per module, the same overlap between
-modules as the trainer's own loop.
+modules as the trainer's own loop. Keras's own multi-step function (a
+`tf.while_loop` over `train_step`) was measured slower on the benchmark MLP
+(`keras_fit.FitLogs` has the numbers); the per-module logs are still
+Keras `Mean` trackers, which Keras resets every epoch.
 
 What Keras sees under interlocking:
 * training logs: "loss" (and "accuracy") are the last module's, i.e. the
@@ -36,10 +39,11 @@ from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import keras_fit
 from tf_interlock import keras_summary
+from tf_interlock import losses as losses_lib
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
+from tf_interlock import trainer as trainer_lib
 from tf_interlock.module_optimizers import ModuleOptimizers
-from tf_interlock.trainer import InterlockTrainer
 
 
 @keras.saving.register_keras_serializable(package="tf_interlock")
@@ -84,7 +88,7 @@ class InterlockModel(keras.Model):
     self.trainer = None
     self._slots_built = False
     self._input_dtype = None
-    self._fit_state = keras_fit.FitState()
+    self._fit_logs = keras_fit.FitLogs()
     self._predict_functions = {}
 
   @property
@@ -186,13 +190,18 @@ class InterlockModel(keras.Model):
       raise ValueError(
           f"InterlockModel.compile takes optimizer, loss, metrics and "
           f"steps_per_execution only. Received: {sorted(kwargs)}")
-    factory = keras_fit.optimizer_factory(optimizer, self.num_modules)
-    loss_fn = keras_fit.weighted(keras_fit.per_example_loss(loss))
+    # The trainer's own forms, named as compile's arguments; a list's
+    # optimizers are cloned onto their modules' devices too.
+    factory = trainer_lib.optimizer_factory(
+        optimizer, self.num_modules, name="optimizer", clone=True)
+    loss_fn = keras_fit.weighted(losses_lib.per_example_loss(
+        losses_lib.sparse_softmax_cross_entropy if loss is None else loss,
+        name="loss"))
     metric_fn = keras_fit.unweighted(keras_fit.per_example_metric(metrics))
     super().compile(optimizer=None, loss=None, metrics=None,
                     steps_per_execution=steps_per_execution,
                     jit_compile=False, run_eagerly=False)
-    self.trainer = InterlockTrainer(
+    self.trainer = trainer_lib.InterlockTrainer(
         self.interlock_modules, factory, self.interlock_strategy,
         loss_fn=loss_fn, metric_fn=metric_fn, distribute=self._distribute,
         placement=self.placement, steps_per_loop=steps_per_execution,
@@ -232,11 +241,13 @@ class InterlockModel(keras.Model):
 
   @property
   def metrics(self):
-    return list(getattr(self, "_eval_trackers", []))
+    """Keras `Mean` trackers of every logged value (reset each epoch)."""
+    return (list(getattr(self, "_eval_trackers", [])) +
+            list(self._fit_logs.extra.values()))
 
   def make_train_function(self, force=False):
     if self.train_function is None or force:
-      self.train_function = self._fit_state.train_function(self)
+      self.train_function = self._fit_logs.train_function(self)
     return self.train_function
 
   def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
@@ -275,9 +286,7 @@ class InterlockModel(keras.Model):
                          if self.built else None)))
     features, _ = next(iter(dataset))
     self._ensure_built(features)
-    self._fit_state.start(steps)
-    callbacks = keras_fit.callback_list(callbacks, self, self._fit_state,
-                                        epochs=epochs, verbose=verbose)
+    self._fit_logs.steps_per_epoch = steps
     kwargs.setdefault("validation_batch_size", batch_size)
     return super().fit(dataset, epochs=epochs, verbose=verbose,
                        callbacks=callbacks, shuffle=False,
@@ -365,3 +374,4 @@ class InterlockModel(keras.Model):
             else placement.scope(k)):
         modules.append(keras.saving.deserialize_keras_object(module))
     return cls(modules, placement=placement, distribute=distribute, **config)
+

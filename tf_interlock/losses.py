@@ -48,19 +48,26 @@ def per_example_loss(loss_fn, name="loss_fn"):
   engine must divide by the *global* batch. A copy with `reduction=None` is
   used instead, so any reduction the object was made with is handled alike;
   per-position losses ([B, T]) are averaged to one value per example.
-  A plain callable is returned as is.
+  A Keras loss name is looked up first (`keras.losses.get`). A callable's
+  values are averaged the same way (a [B] result is kept as is).
 
   Args:
-    loss_fn: a `keras.losses.Loss` or a callable returning one loss per
-      example.
+    loss_fn: a `keras.losses.Loss`, a Keras loss name, or a callable
+      returning one loss per example (or per position).
     name: the argument's name, for error messages.
 
   Returns:
-    A callable `(labels, logits) -> [B]` (or the callable given).
+    A callable `(labels, logits) -> [B]`.
 
   Raises:
-    ValueError: when `loss_fn` is neither.
+    ValueError: when `loss_fn` is none of these.
   """
+  if isinstance(loss_fn, str):
+    try:
+      loss_fn = keras.losses.get(loss_fn)
+    except ValueError as e:
+      raise ValueError(f"Unknown loss name. Received: {name}={loss_fn!r}"
+                       ) from e
   if isinstance(loss_fn, keras.losses.Loss):
     unreduced = copy.copy(loss_fn)
     unreduced.reduction = None
@@ -75,7 +82,12 @@ def per_example_loss(loss_fn, name="loss_fn"):
         f"{name} must be a keras.losses.Loss or a callable "
         f"(labels, logits) -> per-example loss [batch]. "
         f"Received: {name}={loss_fn!r}")
-  return loss_fn
+
+  def per_example_values(labels, logits):
+    return _mean_over_non_batch_axes(
+        tf.convert_to_tensor(loss_fn(labels, logits)))
+
+  return per_example_values
 
 
 def sparse_softmax_cross_entropy(labels, logits):

@@ -172,27 +172,12 @@ class InterlockTrainer:
   def _make_optimizers(self, optimizers):
     """K distinct optimizers, each made in its module's scopes."""
     num = len(self.modules)
-    if isinstance(optimizers, keras.optimizers.Optimizer):
-      config = optimizers.get_config()
-      factory = lambda k: optimizers.__class__.from_config(dict(config))  # noqa
-    elif isinstance(optimizers, str):
-      factory = lambda k: _optimizer_by_name(optimizers)  # noqa
-    elif callable(optimizers):
-      factory = optimizers
-    elif isinstance(optimizers, (list, tuple)):
-      factory = None
-      if len(optimizers) != num:
-        raise ValueError(
-            f"Need one optimizer per module ({num} modules). "
-            f"Received: len(optimizers)={len(optimizers)}")
-    else:
-      raise ValueError(f"optimizers must be {_OPTIMIZERS_ALLOWED}. "
-                       f"Received: optimizers={optimizers!r}")
+    factory = optimizer_factory(optimizers, num)
     made = []
     for k in range(num):
       # Step counter and learning rate live with the module they update.
       with self.distribute.scope(), self.placement.scope(k):
-        opt = factory(k) if factory else optimizers[k]
+        opt = factory(k)
         if not isinstance(opt, keras.optimizers.Optimizer):
           raise ValueError(
               f"optimizers must be {_OPTIMIZERS_ALLOWED}; the one for "
@@ -427,13 +412,64 @@ class InterlockTrainer:
     return self.distribute.experimental_distribute_dataset(dataset)
 
 
-def _optimizer_by_name(name):
+def optimizer_factory(optimizers, num_modules, name="optimizers",
+                      clone=False):
+  """`k -> module k's optimizer` (0-based k) from any accepted form.
+
+  The trainer calls it inside module k's scopes, so each optimizer's step
+  counter and slots are created on its module's device.
+
+  Args:
+    optimizers: one Keras optimizer (a fresh clone per module, from its
+      config; the instance itself is never updated), an optimizer name, a
+      list of `num_modules` optimizers, or a callable `k -> optimizer`.
+    num_modules: K.
+    name: the argument's name in error messages (`compile` says
+      "optimizer").
+    clone: also clone a list's optimizers (Keras's `compile` takes
+      instances made anywhere); the trainer itself uses them as given.
+
+  Returns:
+    The callable.
+
+  Raises:
+    ValueError: naming `name`, for anything else or a list of the wrong
+      length.
+  """
+  if isinstance(optimizers, keras.optimizers.Optimizer):
+    return lambda k: _clone(optimizers, name)
+  if isinstance(optimizers, str):
+    return lambda k: _optimizer_by_name(optimizers, name)
+  if callable(optimizers):
+    return optimizers
+  if isinstance(optimizers, (list, tuple)):
+    if len(optimizers) != num_modules:
+      raise ValueError(
+          f"Need one optimizer per module ({num_modules} modules). "
+          f"Received: len({name})={len(optimizers)}")
+    if clone:
+      return lambda k: _clone(optimizers[k], f"{name}[{k}]")
+    return lambda k: optimizers[k]
+  raise ValueError(f"{name} must be {_OPTIMIZERS_ALLOWED}. "
+                   f"Received: {name}={optimizers!r}")
+
+
+def _clone(optimizer, name):
+  """A fresh optimizer with `optimizer`'s config (made in the caller's
+  scopes)."""
+  if not isinstance(optimizer, keras.optimizers.Optimizer):
+    raise ValueError(f"{name} must be a Keras optimizer. "
+                     f"Received: {name}={optimizer!r}")
+  return optimizer.__class__.from_config(dict(optimizer.get_config()))
+
+
+def _optimizer_by_name(optimizer, name):
   try:
-    return keras.optimizers.get(name)
+    return keras.optimizers.get(optimizer)
   except ValueError as e:
-    raise ValueError(f"optimizers must be {_OPTIMIZERS_ALLOWED}; {name!r} is "
-                     f"no Keras optimizer name. "
-                     f"Received: optimizers={name!r}") from e
+    raise ValueError(f"{name} must be {_OPTIMIZERS_ALLOWED}; {optimizer!r} "
+                     f"is no Keras optimizer name. "
+                     f"Received: {name}={optimizer!r}") from e
 
 
 def _uses_float16(modules):
