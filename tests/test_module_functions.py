@@ -61,7 +61,8 @@ def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
   trainer, iterator = _trainer(steps_per_loop, microbatches=microbatches)
   trainer.train_loop(iterator)
   trainer.train_loop(iterator, num_steps=3)  # a second loop function
-  expected = {(kind, k): 1 for kind in ("body", "update") for k in range(K)}
+  expected = {(kind, k): 1 for kind in ("body", "update", "grad_norm")
+              for k in range(K)}
   assert dict(trainer.step.functions.traces) == expected
   # The unrolled graph calls module k's body once per step and microbatch,
   # and its update once per step, on module k's device.

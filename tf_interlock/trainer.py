@@ -159,11 +159,14 @@ class InterlockTrainer:
         metric_fn, self.placement)
     self._loop_fns = {}
     self._built = False
-    # Module k's update, traced once and called by every unrolled step (see
-    # `module_functions`).
+    # Module k's update and gradient norm, traced once and called by every
+    # unrolled step (see `module_functions`).
     self._updates = [self.step.functions.add(
         functools.partial(self._apply, k), ("update", k))
                      for k in range(len(self.modules))]
+    self._norms = [self.step.functions.add(tf.linalg.global_norm,
+                                           ("grad_norm", k))
+                   for k in range(len(self.modules))]
 
   @property
   def num_modules(self):
@@ -297,7 +300,7 @@ class InterlockTrainer:
     for k, opt in enumerate(self.optimizers):
       with self.placement.scope(k):
         scale = None if scales is None else scales[k]
-        norm = tf.linalg.global_norm(grads[k])
+        norm = self._norms[k](grads[k])
         if scale is not None:
           grads[k], norm = self._agree_on_skip(grads[k], norm, scale,
                                                replicas, context, k, metrics)
