@@ -10,7 +10,9 @@ no cell profits from another's warm caches):
   trace_s   Python tracing alone (`get_concrete_function`), strategies only;
   first_s   the first call: trace + graph optimisation + one run;
   steady_s  the median of later calls (one run);
-  over_s    first_s - steady_s: what the first call costs on top.
+  over_s    first_s - steady_s: what the first call costs on top;
+  trace_cpu_s, first_cpu_s: the same as this process's CPU seconds (less
+            sensitive to a loaded host than wall time).
 
 Plain Keras (`keras.Sequential` of the same layers, `compile(
 steps_per_execution=steps_per_loop)`) runs under TF's default threading;
@@ -103,15 +105,19 @@ def spec(steps_per_loop):
 
 
 def _timed(fn):
-  start = time.perf_counter()
+  """(wall seconds, this process's CPU seconds) of `fn()`. Tracing is
+  single-threaded Python, so its CPU seconds barely depend on what else
+  the host runs, unlike its wall time."""
+  wall, cpu = time.perf_counter(), time.process_time()
   fn()
-  return time.perf_counter() - start
+  return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def _first_and_steady(call, calls):
-  """(first call seconds, median seconds of `calls` later calls)."""
+  """((wall, CPU) seconds of the first call, median wall seconds of
+  `calls` later calls)."""
   first = _timed(call)
-  return first, float(np.median([_timed(call) for _ in range(calls)]))
+  return first, float(np.median([_timed(call)[0] for _ in range(calls)]))
 
 
 def time_strategy(s, name):
@@ -123,12 +129,15 @@ def time_strategy(s, name):
   dataset = tf.data.Dataset.from_tensors(benchmark_lib.make_batch(s))
   iterator = iter(trainer.distribute_dataset(dataset.repeat()))
   loop = trainer.loop_function(s.config.steps_per_loop)
-  trace = _timed(lambda: loop.get_concrete_function(iterator))
+  trace, trace_cpu = _timed(lambda: loop.get_concrete_function(iterator))
   # The concrete function is cached: the first call now optimises and runs
   # it; first_s adds the tracing back so that it means the same as Keras's.
-  first, steady = _first_and_steady(lambda: trainer.train_loop(iterator),
+  (first, first_cpu), steady = _first_and_steady(
+      lambda: trainer.train_loop(iterator),
                                     s.steps)
-  return {"trace_s": trace, "first_s": trace + first, "steady_s": steady}
+  return {"trace_s": trace, "trace_cpu_s": trace_cpu,
+          "first_s": trace + first, "first_cpu_s": trace_cpu + first_cpu,
+          "steady_s": steady}
 
 
 def time_keras(s):
@@ -145,9 +154,11 @@ def time_keras(s):
   model.make_train_function()
   iterator = iter(tf.data.Dataset.from_tensors(
       benchmark_lib.make_batch(s)).repeat())
-  first, steady = _first_and_steady(lambda: model.train_function(iterator),
+  (first, first_cpu), steady = _first_and_steady(
+      lambda: model.train_function(iterator),
                                     s.steps)
-  return {"trace_s": None, "first_s": first, "steady_s": steady}
+  return {"trace_s": None, "trace_cpu_s": None, "first_s": first,
+          "first_cpu_s": first_cpu, "steady_s": steady}
 
 
 def run_cell(name, steps_per_loop):
@@ -184,12 +195,15 @@ def format_table(result):
            f"batch={result['batch_size']} load average="
            f"{'/'.join(f'{v:.1f}' for v in result['load_average'])}",
            f"{'strategy':10} {'steps':>5} {'trace_s':>8} {'first_s':>8} "
-           f"{'steady_s':>8} {'over_s':>8}"]
+           f"{'steady_s':>8} {'over_s':>8} {'trace_cpu':>9} "
+           f"{'first_cpu':>9}"]
+  dash = lambda v: "-" if v is None else f"{v:.2f}"  # noqa
   for row in result["rows"]:
-    trace = "-" if row["trace_s"] is None else f"{row['trace_s']:.2f}"
     lines.append(f"{row['strategy']:10} {row['steps_per_loop']:>5} "
-                 f"{trace:>8} {row['first_s']:8.2f} {row['steady_s']:8.3f} "
-                 f"{row['over_s']:8.2f}")
+                 f"{dash(row['trace_s']):>8} {row['first_s']:8.2f} "
+                 f"{row['steady_s']:8.3f} {row['over_s']:8.2f} "
+                 f"{dash(row['trace_cpu_s']):>9} "
+                 f"{row['first_cpu_s']:9.2f}")
   return "\n".join(lines)
 
 

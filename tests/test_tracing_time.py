@@ -31,6 +31,7 @@ def test_one_cell_times_tracing_then_steady_calls():
   assert 0 < row["trace_s"] < row["first_s"]
   assert 0 < row["steady_s"] < row["first_s"]
   assert row["over_s"] == pytest.approx(row["first_s"] - row["steady_s"])
+  assert 0 < row["trace_cpu_s"] < row["first_cpu_s"]
   table = tracing_time.format_table({
       "model": "mlp", "num_modules": 2, "batch_size": 8,
       "load_average": [1.0, 2.0, 3.0], "rows": [row]})
