@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
 from tests import helpers
+from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
 
@@ -55,7 +56,8 @@ def _calls(graph, device):
           if op.type.endswith("PartitionedCall") and op.device.endswith(device)]
 
 
-@pytest.mark.parametrize("steps_per_loop,microbatches", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("steps_per_loop,microbatches", [(4, 1), (2, 2),
+                                                        (8, 2)])
 def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
                                                     microbatches):
   trainer, iterator = _trainer(steps_per_loop, microbatches=microbatches)
@@ -75,13 +77,26 @@ def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
     assert len(set(bodies)) == 1
 
 
-def test_traced_equals_op_by_op():
-  traced, it_traced = _trainer(2)
-  inline, it_inline = _trainer(2, traced=False)
+def test_few_calls_per_loop_run_op_by_op():
+  """Below MIN_CALLS calls per module in a loop, tracing functions costs
+  more than it saves: one step per loop is traced op by op."""
+  assert module_functions.MIN_CALLS == 4
+  trainer, iterator = _trainer(1)
+  trainer.train_loop(iterator)
+  assert not trainer.step.functions.traces
+  trainer.train_loop(iterator, num_steps=4)  # now worth it
+  assert trainer.step.functions.traces[("body", K - 1)] == 1
+
+
+@pytest.mark.parametrize("strategy", ["2wise", "e2e", "local", "2wise-sum"])
+def test_traced_equals_op_by_op(strategy):
+  traced, it_traced = _trainer(4, strategy=strategy)
+  inline, it_inline = _trainer(4, traced=False, strategy=strategy)
   for _ in range(2):
     m_traced = traced.train_loop(it_traced)
     m_inline = inline.train_loop(it_inline)
   assert not inline.step.functions.traces  # really op by op
+  assert traced.step.functions.traces[("body", 0)] == 1
   for a, b in zip(helpers.weights(traced.modules),
                   helpers.weights(inline.modules)):
     np.testing.assert_allclose(a, b, atol=1e-6)
@@ -109,8 +124,8 @@ def test_a_module_waits_only_for_its_own_work():
   """What keeps the overlap: a call waits (control edges, from shared
   variables) only for ops of its own module; module k's forward at step 2
   waits for module k's update at step 1."""
-  trainer, iterator = _trainer(2)
-  graph = trainer.loop_function(2).get_concrete_function(iterator).graph
+  trainer, iterator = _trainer(4)
+  graph = trainer.loop_function(4).get_concrete_function(iterator).graph
   # A variable read names no device in the graph: it runs where the
   # variable lives (the handle captured from outside).
   handles = {inner.name: outer for outer, inner in graph.captures}
@@ -129,5 +144,5 @@ def test_a_module_waits_only_for_its_own_work():
                 if op.get_attr("f").name.startswith("__forward_counted")]
     updates = [op for op in calls if op.type == "StatefulPartitionedCall"
                and op not in forwards]
-    assert len(forwards) == 2 and len(updates) == 2
+    assert len(forwards) == 4 and len(updates) == 4
     assert updates[0] in forwards[1].control_inputs

@@ -41,26 +41,35 @@ import tensorflow as tf
 TRACED_KINDS = ("single", "simulated", "gpu")
 
 
+# Tracing a function costs more than tracing its ops once inline: TF also
+# builds the function's forward-with-intermediates and backward functions,
+# and the runtime instantiates the calls. On ResNet-20, K = 2
+# (docs/results/tracing), one unrolled step traced 2.6x slower with
+# functions, eight steps 2x faster: the functions pay from about 4 calls
+# per trace. A loop with fewer calls per module runs op by op.
+MIN_CALLS = 4
+
+
 class PerModuleFunction:
   """`fn(*args)` traced as a `tf.function` once per argument signature.
 
   The trace count is a Python side effect of tracing, kept in
-  `traces[key]`: it grows once per trace, never per call.
+  `owner.traces[key]`: it grows once per trace, never per call.
 
-  Under a `tf.distribute` strategy other than the default one, `fn` runs
-  inline (op by op, counting nothing): Keras's optimizers and synchronized
-  BatchNormalization synchronise replicas with `merge_call`, which TF
-  refuses inside a nested `tf.function`.
+  `fn` runs inline (op by op, counting nothing) while `owner.use` is
+  false, and under a `tf.distribute` strategy other than the default one:
+  Keras's optimizers and synchronized BatchNormalization synchronise
+  replicas with `merge_call`, which TF refuses inside a nested
+  `tf.function`.
   """
 
-  def __init__(self, fn, key, traces, traced=True):
+  def __init__(self, fn, key, owner):
     self.fn = fn
     self.key = key
-    self.traces = traces
-    self.traced = traced
+    self.owner = owner
 
     def counted(*args):
-      traces[key] += 1
+      owner.traces[key] += 1
       return fn(*args)
 
     # autograph=False: the work is plain dataflow (Keras layers, optimizer
@@ -68,7 +77,7 @@ class PerModuleFunction:
     self._function = tf.function(counted, autograph=False)
 
   def __call__(self, *args):
-    if self.traced and not tf.distribute.has_strategy():
+    if self.owner.use and not tf.distribute.has_strategy():
       return self._function(*args)
     return self.fn(*args)
 
@@ -82,6 +91,8 @@ class ModuleFunctions:
       `TRACED_KINDS`.
 
   Attributes:
+    traced: whether the functions may be traced at all (False: always op
+      by op; a test sets it to compare both).
     traces: how often each per-module function was traced, keyed
       `("body", k)` for the bodies and as callers `add` (a Python counter
       incremented while tracing; calls do not count).
@@ -90,27 +101,26 @@ class ModuleFunctions:
 
   def __init__(self, modules, placement):
     self.modules = list(modules)
-    self._traced = placement.kind in TRACED_KINDS
+    self.traced = placement.kind in TRACED_KINDS
+    self.calls = MIN_CALLS
     self.traces = collections.Counter()
     self.functions = {}
     for k, module in enumerate(self.modules):
       self.add(functools.partial(_body, module), ("body", k))
 
   @property
-  def traced(self):
-    """Whether the functions are traced (False: every call op by op)."""
-    return self._traced
+  def use(self):
+    """Whether calls now go through the traced functions."""
+    return self.traced and self.calls >= MIN_CALLS
 
-  @traced.setter
-  def traced(self, value):
-    self._traced = bool(value)
-    for fn in self.functions.values():
-      fn.traced = self._traced
+  def tracing_loop(self, calls):
+    """Sets how often the loop being traced calls each function: below
+    `MIN_CALLS`, it runs op by op (cheaper to trace)."""
+    self.calls = calls
 
   def add(self, fn, key):
     """Registers `fn` as the per-module function `key`; returns it."""
-    self.functions[key] = PerModuleFunction(fn, key, self.traces,
-                                            self._traced)
+    self.functions[key] = PerModuleFunction(fn, key, self)
     return self.functions[key]
 
   def body(self, k, x):

@@ -341,6 +341,9 @@ class InterlockTrainer:
 
   def _make_loop(self, num_steps):
     def loop(iterator):
+      # Runs while tracing: per-module functions only where this loop calls
+      # each one often enough to pay for tracing it (`module_functions`).
+      self.step.functions.tracing_loop(num_steps * self.num_microbatches)
       totals = None
       for _ in range(num_steps):
         features, labels = next(iterator)
