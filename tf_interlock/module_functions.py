@@ -12,7 +12,9 @@ TF traces each function once per input signature (shapes and dtypes),
 whatever the number of steps; the VJPs of a body call come from a second
 function (TF's forward/backward pair of a traced function), also made once.
 What stays per step is the glue between modules: cutting, routing and
-summing cotangents, the aux heads, losses and metrics.
+summing cotangents, the aux heads, losses and metrics. A loop that calls
+each function fewer than `MIN_CALLS` times runs op by op: there, tracing the
+functions would cost more than it saves.
 
 Why the numbers and the overlap do not change:
 - the functions run the same ops on the same values;
