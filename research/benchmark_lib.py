@@ -287,7 +287,7 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,
-                  "examples_per_s": spec.batch_size / step}
+                  "examples_per_s": spec.config.batch_size / step}
     if fit:
       fit_step = run_fit(spec, name, placement)
       rows[name].update(fit_step_s=fit_step,
