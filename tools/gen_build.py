@@ -70,6 +70,7 @@ TEST_DATA = {
     "tests/test_collapse_probe.py": [
         "docs/results/lm_collapse/results.json",
         "docs/results/lm_collapse/tables.md"],
+    "tests/test_exits.py": ["docs/results/study_fashion_mnist/results.json"],
     # Reads the source of every floor, including files no test imports.
     "tests/test_import_direction.py": [
         "layers/", "tf_interlock/", "train/", "research/"],
