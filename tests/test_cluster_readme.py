@@ -53,6 +53,5 @@ def test_readme_commands_train_the_mlp_preset(procs, tmp_path):
   (k,) = [int(f.split("=")[1]) for f in flags
           if f.startswith("--num_modules=")]
   assert summary["eval"][f"module_{k}"]["accuracy"] > 0.3  # 10 classes
-
   assert os.path.exists(os.path.join(model_dir, "checkpoints", "checkpoint"))
   assert os.path.exists(os.path.join(model_dir, "export", "saved_model.pb"))
