@@ -50,12 +50,16 @@ TEST_SIZES = {
     "tests/test_compare_ownership.py": "large",
     "tests/test_flag_validation.py": "large",
     "tests/test_hostile_inputs.py": "large",
+    "tests/test_keras_habits.py": "large",
+    "tests/test_keras_model.py": "large",
     "tests/test_model_validation.py": "large",
+    "tests/test_module_functions.py": "large",
     "tests/test_multi_worker_mirrored.py": "large",
     "tests/test_partition.py": "small",
     "tests/test_readme.py": "large",
     "tests/test_reliability.py": "large",
     "tests/test_routing.py": "small",
+    "tests/test_tracing_time.py": "large",
     "tests/test_train_binaries.py": "large",
 }
 _VALID_SIZES = ("small", "medium", "large", "enormous")
