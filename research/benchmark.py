@@ -85,6 +85,10 @@ _RESNET_AUX = flags.DEFINE_string(
 _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "role=profile: how often every op cost is measured "
     "(its median and range are reported).")
+_MICROBATCHES = flags.DEFINE_list(
+    "microbatches", [], "role=profile: also measure the op costs of one "
+    "microbatch, batch / M, for each M listed (each must divide the batch):"
+    " small ops run less efficiently than 1/M of the full batch's.")
 _BALANCE_INTO = flags.DEFINE_integer(
     "balance_into", None, "role=profile, with one block per module: also "
     "split the network into this many modules by the measured time "
@@ -149,6 +153,11 @@ def validate():
       reason = str(e).split(" Received:")[0].rstrip(".")
       config_lib.fail("strategies", ",".join(_STRATEGIES.value),
                       f"{name!r} is not a strategy: {reason}")
+  for m in _MICROBATCHES.value:
+    if not m.isdigit() or int(m) < 1 or _BATCH.value % int(m):
+      config_lib.fail("microbatches", ",".join(_MICROBATCHES.value),
+                      f"each M must be an int >= 1 that divides "
+                      f"--batch_size={_BATCH.value}")
   if _MODULES_PER_DEVICE.value and _NUM_MODULES.value % \
       _MODULES_PER_DEVICE.value:
     config_lib.fail("modules_per_device", _MODULES_PER_DEVICE.value,
@@ -213,11 +222,20 @@ def profile_report(plan=None):
   x, y = benchmark_lib.make_batch(s)
   median, low, high = profiling.repeated_module_costs(
       trainer, x, y, _REPETITIONS.value)
+  microbatch = {}
+  for m in _MICROBATCHES.value:
+    size = s.config.batch_size // int(m)
+    costs = profiling.repeated_module_costs(trainer, x[:size], y[:size],
+                                            _REPETITIONS.value)
+    microbatch[m] = dict(zip(("module_costs_ms", "module_costs_min_ms",
+                              "module_costs_max_ms"),
+                             map(benchmark_lib.costs_ms, costs)))
   balance = {} if _BALANCE_INTO.value is None else profiling.balance_blocks(
       median, _BALANCE_INTO.value)
   return {**balance, "module_costs_ms": benchmark_lib.costs_ms(median),
           "module_costs_min_ms": benchmark_lib.costs_ms(low),
           "module_costs_max_ms": benchmark_lib.costs_ms(high),
+          "microbatch_costs_ms": microbatch,
           "has_aux": [m.has_aux_head for m in trainer.modules],
           "repetitions": _REPETITIONS.value,
           "plan": plan.describe() if plan else _PLACEMENT.value,

@@ -247,16 +247,19 @@ def run_fit(spec, name, placement):
   return float(np.median(times)) / per_call
 
 
-def predict(costs, name, num_cores, threads=1, module_devices=None):
+def predict(costs, name, num_cores, threads=1, module_devices=None,
+            microbatch_costs=None):
   """The schedule model's step seconds for strategy cell `name`, from op
   costs measured under `threads` intra-op threads: an op holds `threads`
   cores, with no further speedup (efficiency 0), as its cost already has
-  it."""
+  it. microbatch_costs: {M: costs measured on batch / M} (see
+  `schedule.simulate`); a cell whose M is missing scales `costs` by 1/M."""
   strategy, microbatches = parse_cell(name)
   return schedule.simulate(
       costs, strategy, num_microbatches=microbatches, num_cores=num_cores,
       threads_per_device=threads, module_devices=module_devices,
-      thread_efficiency=0.0).step_time
+      thread_efficiency=0.0,
+      microbatch_costs=(microbatch_costs or {}).get(microbatches)).step_time
 
 
 def measure_strategies(spec, strategies, placement, num_cores, threads=1,
@@ -296,14 +299,17 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
 
 
 def costs_ms(costs):
-  """Per module [forward, input_vjp, weight_vjp, aux, update] in ms."""
-  return [[round(1e3 * c, 3) for c in (
-      m.forward, m.input_vjp, m.weight_vjp, m.aux, m.update)] for m in costs]
+  """Per module [forward, input_vjp, weight_vjp, aux, update, fused_vjp,
+  accumulate] in ms (fused_vjp None when not measured)."""
+  return [[None if c is None else round(1e3 * c, 3)
+           for c in dataclasses.astuple(m)] for m in costs]
 
 
 def costs_from_ms(rows):
-  """The inverse of `costs_ms`."""
-  return [schedule.ModuleCost(*(v / 1e3 for v in row)) for row in rows]
+  """The inverse of `costs_ms`; rows of 5 (written before the fused VJP and
+  the accumulation were measured) leave those unmeasured."""
+  return [schedule.ModuleCost(*(None if v is None else v / 1e3
+                                for v in row)) for row in rows]
 
 
 def pipeline_peer(rows):

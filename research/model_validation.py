@@ -139,12 +139,16 @@ def predict_cells(profile, plan, strategies):
   profile report (costs in ms: median, min and max over repetitions)."""
   k, devices, threads = PLANS[plan]
   module_devices = threading_plan.make_plan(k, devices, threads).module_devices
+  micro = profile.get("microbatch_costs_ms", {})
   cells = {}
   for name in strategies:
     values = [benchmark_lib.predict(
         benchmark_lib.costs_from_ms(profile[key]), name, _cores(), threads,
-        module_devices) for key in ("module_costs_ms", "module_costs_min_ms",
-                                    "module_costs_max_ms")]
+        module_devices,
+        {int(m): benchmark_lib.costs_from_ms(rows[key])
+         for m, rows in micro.items()})
+              for key in ("module_costs_ms", "module_costs_min_ms",
+                          "module_costs_max_ms")]
     cells[name] = {"predicted_step_s": values[0],
                    "predicted_min_s": values[1],
                    "predicted_max_s": values[2]}
@@ -176,8 +180,11 @@ def main(argv):
   predictions = dict(_header(), groups={})
   for network, plan in groups:
     print(f"profiling {network} on {plan}", file=sys.stderr, flush=True)
+    microbatches = sorted({benchmark_lib.parse_cell(name)[1]
+                           for name in strategies} - {1})
     profile = _benchmark(network, plan, "profile",
-                         [f"--repetitions={_REPETITIONS.value}"])
+                         [f"--repetitions={_REPETITIONS.value}",
+                          "--microbatches=" + ",".join(map(str, microbatches))])
     predictions["groups"][f"{network}/{plan}"] = dict(
         profile, cells=predict_cells(profile, plan, strategies))
   # Every prediction is on disk before the first timed run.

@@ -8,7 +8,8 @@ cells off by more than `TOLERANCE`.
 """
 
 TOLERANCE = 0.10
-_OPS = ("forward", "input VJP", "weight VJP", "aux", "update")
+_OPS = ("forward", "input VJP", "weight VJP", "aux", "update", "fused VJP",
+        "accumulate")
 
 
 def rows(predictions, measured):
@@ -42,15 +43,40 @@ def _ms(seconds):
 
 
 def _cost_lines(group):
-  """Per module the median op costs [min-max] over the repetitions."""
+  """Per module the median op costs [min-max] over the repetitions (older
+  profiles have no fused VJP or accumulation: blank)."""
   lines = ["| module | " + " | ".join(_OPS) + " |",
            "|---" * (len(_OPS) + 1) + "|"]
   for k, (mid, low, high) in enumerate(zip(
       group["module_costs_ms"], group["module_costs_min_ms"],
       group["module_costs_max_ms"]), start=1):
-    lines.append(f"| {k} | " + " | ".join(
-        f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for m, lo, hi in zip(mid, low, high))
-                 + " |")
+    cells = [f"{m:.2f} [{lo:.2f}-{hi:.2f}]" if m is not None else ""
+             for m, lo, hi in zip(mid, low, high)]
+    cells += [""] * (len(_OPS) - len(cells))
+    lines.append(f"| {k} | " + " | ".join(cells) + " |")
+  return lines
+
+
+def _microbatch_lines(group):
+  """Per M, module k's forward / fused VJP / weight VJP at batch / M, as a
+  multiple of 1/M of the full batch's (1.00: no per-microbatch overhead)."""
+  micro = group.get("microbatch_costs_ms") or {}
+  if not micro:
+    return []
+  full = group["module_costs_ms"]
+  lines = ["", "One microbatch's ops against 1/M of the full batch's "
+           "(forward, fused VJP, weight VJP; per module):", "",
+           "| M | " + " | ".join(f"module {k}" for k in
+                                 range(1, len(full) + 1)) + " |",
+           "|---" * (len(full) + 1) + "|"]
+  for m in sorted(micro, key=int):
+    rows = micro[m]["module_costs_ms"]
+    cells = []
+    for one, whole in zip(rows, full):
+      cells.append(" / ".join(
+          f"{one[i] * int(m) / whole[i]:.2f}" if whole[i] else "-"
+          for i in (0, 5, 2)))
+    lines.append(f"| {m} | " + " | ".join(cells) + " |")
   return lines
 
 
@@ -93,6 +119,7 @@ def render(predictions, measured):
           f"{_ms(r['measured_step_s'])} [{_ms(r['measured_min_s'])}-"
           f"{_ms(r['measured_max_s'])}] | {r['ratio']:.2f}{flag} |")
     lines += ["", "Op costs, ms per full batch:", ""] + _cost_lines(group)
+    lines += _microbatch_lines(group)
     lines.append("")
   failed = {c: r["error"] for c, r in measured["cells"].items()
             if "error" in r}

@@ -1,8 +1,10 @@
 """Measures the per-module op costs that the schedule model needs.
 
 `schedule.simulate` predicts a strategy's step time from, per module k, the
-time of its forward f_k, input VJP bx_k, weight VJP bw_k, aux head forward
-and backward a_k, and optimizer update u_k. Each is timed here in its own
+time of its forward f_k, input VJP bx_k, weight VJP bw_k, fused input and
+weight VJP (one backward pass, as the engine runs end to end), aux head
+forward and backward a_k, optimizer update u_k, and the sum of two
+microbatches' gradients. Each is timed here in its own
 `tf.function` on the module's device; the VJPs include a forward pass, which
 is subtracted. Times are medians over `repeats` calls, in seconds.
 """
@@ -54,6 +56,14 @@ def _op_functions(module, x, cot, labels, loss_fn):
     return tape.gradient(out, theta, output_gradients=cot)
 
   @tf.function(autograph=False)
+  def fused_vjp():
+    # The engine's fused pass: theta's and x's gradients in one backward.
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      out = module.body(x, training=True)
+    return tape.gradient(out, theta + [x], output_gradients=cot)
+
+  @tf.function(autograph=False)
   def aux(h):
     phi = module.aux_head.trainable_variables
     with tf.GradientTape() as tape:
@@ -61,7 +71,20 @@ def _op_functions(module, x, cot, labels, loss_fn):
       loss = tf.reduce_mean(loss_fn(labels, module.aux_head(h, training=True)))
     return tape.gradient(loss, phi + [h])
 
-  return forward, input_vjp, weight_vjp, aux
+  return forward, input_vjp, weight_vjp, fused_vjp, aux
+
+
+def _accumulate_function(variables):
+  """a + b over gradients shaped like `variables`: what adding one
+  microbatch's gradients to the running sum costs (trainer._add)."""
+  a = [tf.ones_like(v) for v in variables]
+  b = [tf.ones_like(v) for v in variables]
+
+  @tf.function(autograph=False)
+  def accumulate():
+    return [x + y for x, y in zip(a, b)]
+
+  return accumulate
 
 
 def _update_function(optimizer, variables):
@@ -101,17 +124,21 @@ def measure_module_costs(trainer, features, labels, repeats=10):
       x = tf.identity(h)
       h = module.body(x, training=False)
       cot = tf.ones_like(h) / tf.cast(tf.size(h), h.dtype)
-      forward, input_vjp, weight_vjp, aux = _op_functions(
+      forward, input_vjp, weight_vjp, fused_vjp, aux = _op_functions(
           module, x, cot, labels, trainer.step.loss_fn)
       f = _median_time(forward, repeats)
       bx = 0.0 if k == 0 else max(0.0, _median_time(input_vjp, repeats) - f)
       bw = max(0.0, _median_time(weight_vjp, repeats) - f)
+      # Module 0 never sends a cotangent, so its backward is never fused.
+      fused = bw if k == 0 else max(0.0, _median_time(fused_vjp, repeats) - f)
+      acc = _median_time(_accumulate_function(trainer.variables(k)), repeats)
       a = 0.0 if last or not module.has_aux_head else _median_time(
           lambda h=h: aux(h), repeats)
       u = _median_time(_update_function(trainer.optimizers[k],
                                         trainer.variables(k)), repeats)
     costs.append(schedule.ModuleCost(forward=f, input_vjp=bx, weight_vjp=bw,
-                                     aux=a, update=u))
+                                     aux=a, update=u, fused_vjp=fused,
+                                     accumulate=acc))
   return costs
 
 

@@ -44,7 +44,7 @@ measured ones, so the window never sees the pipeline drain.
 import dataclasses
 import heapq
 import math
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from tf_interlock import routing
 from tf_interlock import strategy as strategy_lib
@@ -80,12 +80,33 @@ def thread_speedup(threads, efficiency):
 
 @dataclasses.dataclass(frozen=True)
 class ModuleCost:
-  """Time of each op of one module, for a full batch (update: per step)."""
+  """Time of each op of one module, for a full batch (update: per step).
+
+  Attributes:
+    forward, input_vjp, weight_vjp, aux, update: the ops of the DAG above;
+      weight_vjp is the weight VJP alone (a backward pass through the body
+      for theta's gradient).
+    fused_vjp: one backward pass giving both the input and the weight VJP
+      (the engine's fused pass, used whenever the stream that trains
+      theta_k also goes on to module k - 1: always so end to end). Its
+      weight part costs fused_vjp - input_vjp, less than weight_vjp, as the
+      cotangents through the body are computed once. None: not measured,
+      the weight part costs weight_vjp.
+    accumulate: adding one microbatch's gradients of the module's weights
+      to the running sum (M - 1 times per step with M microbatches).
+  """
   forward: float
   input_vjp: float
   weight_vjp: float
   aux: float = 0.0
   update: float = 0.0
+  fused_vjp: Optional[float] = None
+  accumulate: float = 0.0
+
+  def scaled(self, factor):
+    """Every cost times `factor` (fused_vjp stays None when unmeasured)."""
+    return ModuleCost(*(None if v is None else v * factor
+                        for v in dataclasses.astuple(self)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,14 +174,20 @@ def _check_costs(costs):
   for k, cost in enumerate(costs):
     for field in dataclasses.fields(ModuleCost):
       value = getattr(cost, field.name)
-      if not math.isfinite(value) or value < 0:
+      if value is None and field.name == "fused_vjp":
+        continue
+      if value is None or not math.isfinite(value) or value < 0:
         raise ValueError(
             f"Op costs must be finite and >= 0. "
             f"Received: costs[{k}].{field.name}={value!r}")
 
 
-def _step_template(plan, costs, has_aux, num_microbatches, crossings=None):
+def _step_template(plan, costs, microbatch_costs, has_aux, num_microbatches,
+                   crossings=None):
   """Builds the ops of one step, each after all of its deps.
+
+  costs: per module, full-batch costs (the update is taken from them);
+  microbatch_costs: per module, the costs of one microbatch's ops.
 
   crossings[k]: the seconds one microbatch's h_k (or its cotangent) takes
   to cross from module k to k + 1 (or back); 0 = same process, no op.
@@ -175,6 +202,7 @@ def _step_template(plan, costs, has_aux, num_microbatches, crossings=None):
     ops.append(_Op(f"{kind}{k}{suffix}", kind, k, m, key, cost, tuple(deps)))
 
   crossings = crossings or [0.0] * num_modules
+  micro = microbatch_costs
 
   def cotangent(k, m, lo):
     # The ops producing stream lo's cotangent at h_k (after its transfer).
@@ -193,22 +221,35 @@ def _step_template(plan, costs, has_aux, num_microbatches, crossings=None):
         before = [index["T", k - 1, m, -1]]
       elif k:
         before = [index["F", k - 1, m, -1]]
-      add("F", k, m, costs[k].forward / m_count, before)
+      add("F", k, m, micro[k].forward, before)
       if k < num_modules - 1 and has_aux[k]:
-        add("A", k, m, costs[k].aux / m_count, [index["F", k, m, -1]])
+        add("A", k, m, micro[k].aux, [index["F", k, m, -1]])
     for k in reversed(range(num_modules)):
       for lo in plan.vjp_keys[k]:
-        add("BX", k, m, costs[k].input_vjp / m_count, cotangent(k, m, lo), lo)
+        add("BX", k, m, micro[k].input_vjp, cotangent(k, m, lo), lo)
         if crossings[k - 1]:  # The cotangent crosses back to module k - 1.
           add("TB", k - 1, m, crossings[k - 1], [index["BX", k, m, lo]], lo)
       if plan.weight_keys[k]:
         deps = {d for lo in plan.weight_keys[k] for d in cotangent(k, m, lo)}
-        add("BW", k, m, costs[k].weight_vjp / m_count, sorted(deps))
+        # Microbatches after the first add their gradients to the sum.
+        add("BW", k, m, _weight_part(plan, k, micro[k]) +
+            (micro[k].accumulate if m else 0.0), sorted(deps))
   for k in range(num_modules):
     add("U", k, m_count, costs[k].update,
         [i for i, op in enumerate(ops)
          if op.module == k and op.kind in ("BX", "BW")])
   return ops
+
+
+def _weight_part(plan, k, cost):
+  """The weight VJP's own cost: what the engine's fused backward pass adds
+  to the input VJP when one stream both trains theta_k and goes on to
+  module k - 1 (engine._backward's `fused`), else the weight VJP alone."""
+  keys = plan.weight_keys[k]
+  if (cost.fused_vjp is not None and len(keys) == 1 and
+      keys[0] in plan.vjp_keys[k]):
+    return max(0.0, cost.fused_vjp - cost.input_vjp)
+  return cost.weight_vjp
 
 
 def _steady_window(done):
@@ -334,7 +375,7 @@ def _check_devices(module_devices, num_modules):
 def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
              num_cores=None, num_steps=48, has_aux=None, threads_per_device=1,
              module_devices=None, thread_efficiency=1.0,
-             transfers=None) -> ScheduleResult:
+             transfers=None, microbatch_costs=None) -> ScheduleResult:
   """Simulates `num_steps` training steps and measures the steady state.
 
   Another num_steps // 2 steps run after them, so that the measured second
@@ -355,6 +396,10 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
     transfers: K - 1 `TransferCost`s, transfers[k] for the boundary between
       modules k and k + 1, charged where the two modules are on different
       devices (processes); None: no transfer cost anywhere (one process).
+    microbatch_costs: one `ModuleCost` per module measured on one
+      microbatch (batch / M): the forward, VJP and aux ops of a microbatch
+      cost these values. None: a microbatch op costs 1/M of `costs`'s,
+      which ignores that small ops run less efficiently.
 
   Returns:
     A `ScheduleResult` (utilization and device_load per device).
@@ -375,10 +420,20 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   _check_count("num_cores", num_cores, threads_per_device)
   has_aux = [True] * num_modules if has_aux is None else list(has_aux)
   plan = routing.make_plan(strategy, num_modules, has_aux)
+  if microbatch_costs is not None:
+    _check_costs(microbatch_costs)
+    if len(microbatch_costs) != num_modules:
+      raise ValueError(
+          f"microbatch_costs needs one ModuleCost per module ({num_modules})."
+          f" Received: microbatch_costs={microbatch_costs!r}")
+  else:  # A microbatch op costs 1/M of the full batch's; the sum of the
+    # gradients has the weights' size whatever M.
+    microbatch_costs = [
+        dataclasses.replace(c.scaled(1.0 / num_microbatches),
+                            accumulate=c.accumulate) for c in costs]
   if speedup != 1.0:
-    costs = [ModuleCost(*(getattr(c, f.name) / speedup
-                          for f in dataclasses.fields(ModuleCost)))
-             for c in costs]
+    costs = [c.scaled(1.0 / speedup) for c in costs]
+    microbatch_costs = [c.scaled(1.0 / speedup) for c in microbatch_costs]
   crossings = None
   if transfers is not None:
     if len(transfers) != num_modules - 1:
@@ -388,8 +443,8 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
     crossings = [t.crossing(num_microbatches)
                  if device_of[k] != device_of[k + 1] else 0.0
                  for k, t in enumerate(transfers)]
-  template = _step_template(plan, costs, has_aux, num_microbatches,
-                            crossings)
+  template = _step_template(plan, costs, microbatch_costs, has_aux,
+                            num_microbatches, crossings)
   size = len(template)
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
