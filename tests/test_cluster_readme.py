@@ -1,8 +1,10 @@
-"""The README's "Several hosts" commands train the MLP preset, as written.
+"""The README's "Several hosts" commands train the MLP preset and `make
+demo`'s model (the fashion_mnist_resnet preset), as written.
 
 The commands run with two changes only: free ports instead of 2222/2223 (a
-test must not depend on those being free) and a temporary model_dir. The
-two workers are stopped by the fixture's finalizer, also on failure.
+test must not depend on those being free) and a temporary model_dir (the
+demo model also runs only a few steps). The two workers are stopped by the
+fixture's finalizer, also on failure.
 """
 
 import json
@@ -12,38 +14,46 @@ import shlex
 
 import pytest
 
+from tests import cluster_jobs
 from tests import cluster_procs
 
 pytestmark = pytest.mark.cluster
 
 
 def readme_commands():
-  """The shell commands of the README's "Several hosts" block."""
+  """The shell commands of the README's "Several hosts" blocks, in order."""
   with open(os.path.join(cluster_procs.ROOT, "README.md")) as f:
     section = f.read().split("## Several hosts", 1)[1].split("\n## ", 1)[0]
-  block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-  return [line.strip() for line in block.replace("\\\n", " ").splitlines()
-          if line.strip()]
+  return [line.strip() for block in re.findall(r"```sh\n(.*?)```", section,
+                                               re.S)
+          for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
-def test_readme_commands_train_the_mlp_preset(procs, tmp_path):
+def start_readme_cluster(procs, tmp_path):
+  """The README's two workers on free ports; returns the commands as argvs
+  (python -m dropped) with those ports and model_dirs under tmp_path."""
   commands = readme_commands()
   assert [c.split()[2] for c in commands] == [
-      "train.worker", "train.worker", "train.train"], commands
+      "train.worker", "train.worker", "train.train", "train.train"], commands
   ports = cluster_procs.free_ports(2)
-  model_dir = str(tmp_path / "cluster_mlp")
   argvs = []
   for command in commands:
     command = command.replace("127.0.0.1:2222", f"127.0.0.1:{ports[0]}")
     command = command.replace("127.0.0.1:2223", f"127.0.0.1:{ports[1]}")
-    command = command.replace("runs/cluster_mlp", model_dir)
+    command = command.replace("runs/", f"{tmp_path}/")
     argv = shlex.split(command.rstrip("&").strip())
     assert argv[:2] == ["python", "-m"], command
     argvs.append(argv[2:])
   for module, *flags in argvs[:2]:
     worker = procs.start(module, *flags)
     assert "ready" in worker.stdout.readline()
-  module, *flags = argvs[2]
+  return argvs
+
+
+def test_readme_commands_train_the_mlp_preset(procs, tmp_path):
+  module, *flags = start_readme_cluster(procs, tmp_path)[2]
+  model_dir = str(tmp_path / "cluster_mlp")
+  assert f"--model_dir={model_dir}" in flags
   trainer = procs.start(module, *flags)
   out, err = trainer.communicate(timeout=600)
   assert trainer.returncode == 0, err[-3000:]
@@ -55,3 +65,32 @@ def test_readme_commands_train_the_mlp_preset(procs, tmp_path):
   assert summary["eval"][f"module_{k}"]["accuracy"] > 0.3  # 10 classes
   assert os.path.exists(os.path.join(model_dir, "checkpoints", "checkpoint"))
   assert os.path.exists(os.path.join(model_dir, "export", "saved_model.pb"))
+
+
+# A few steps of make demo's model: 4 modules on 2 shared cores trace for
+# minutes; the weights are compared, not the accuracy.
+SHORT = ["--train_steps=4", "--warmup_steps=2", "--steps_per_loop=2",
+         "--eval_every_steps=4", "--eval_batches=1",
+         "--checkpoint_every_steps=4", "--deterministic=true"]
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # make data
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST),
+                    reason=f"no Fashion-MNIST at {FASHION_MNIST} (make data)")
+def test_readme_commands_train_make_demos_model(procs, tmp_path):
+  module, *flags = start_readme_cluster(procs, tmp_path)[3]
+  assert "--preset=fashion_mnist_resnet" in flags  # make demo's preset
+  one_process = [f for f in flags if not f.startswith(
+      ("--placement=", "--cluster=", "--modules_per_worker=", "--model_dir="))]
+  runs = {"cluster": flags + SHORT, "one_process": one_process + SHORT + [
+      f"--model_dir={tmp_path / 'one_process'}"]}
+  for name, argv in runs.items():
+    trainer = procs.start(module, *argv)
+    out, err = trainer.communicate(timeout=1500)
+    assert trainer.returncode == 0, (name, err[-3000:])
+    assert json.loads(out.strip().splitlines()[-1])["step"] == 4, name
+  model_dir = str(tmp_path / "cluster_demo")
+  assert f"--model_dir={model_dir}" in flags
+  assert os.path.exists(os.path.join(model_dir, "export", "saved_model.pb"))
+  cluster_jobs.assert_same_checkpoints(model_dir, str(tmp_path / "one_process"),
+                                       atol=1e-6)
