@@ -42,9 +42,11 @@ class Procs:
   def __init__(self):
     self.procs = []
 
-  def start(self, module, *flags, stdin=None):
+  def start(self, module, *flags, stdin=None, environ=None):
+    """`python -m module flags...`; `environ` adds to its environment."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, *flags], cwd=ROOT, env=env(),
+        [sys.executable, "-m", module, *flags], cwd=ROOT,
+        env=dict(env(), **(environ or {})),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=stdin)
     self.procs.append(proc)

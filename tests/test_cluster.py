@@ -82,3 +82,28 @@ def test_train_binary_modules_per_worker(cluster, tmp_path):
   assert a.keys() == b.keys() and len(a) >= 8
   for name in a:
     np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+
+
+def test_tf_config_alone_names_the_workers_and_their_tasks(procs, tmp_path):
+  """Workers without --cluster and --task, and a client without --cluster:
+  TF_CONFIG's worker job is the list, a worker's task.index its task."""
+  workers = cluster_procs.cluster_flag(cluster_procs.free_ports(2)).split(",")
+
+  def tf_config(index):
+    return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {
+        "type": "worker", "index": index}})}
+
+  for t in (1, 0):
+    worker = procs.start("train.worker", environ=tf_config(t))
+    line = worker.stdout.readline()
+    assert line.startswith(f"worker task {t} of 2 ready at {workers[t]}"), (
+        line, worker.stderr.read() if not line else "")
+  # The client reads the same worker job; its own task is not used.
+  client = procs.start(
+      "train.train", "--preset=synthetic_mlp", "--num_modules=2",
+      "--train_steps=5", "--steps_per_loop=5", "--eval_every_steps=5",
+      "--checkpoint_every_steps=5", "--placement=cluster",
+      f"--model_dir={tmp_path / 'run'}", environ=tf_config(0))
+  out, err = client.communicate(timeout=600)
+  assert client.returncode == 0, err[-3000:]
+  assert json.loads(out.strip().splitlines()[-1])["step"] == 5
