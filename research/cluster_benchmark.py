@@ -104,9 +104,17 @@ def profile():
       spec, "e2e", placement_lib.make_placement("simulated", k))
   x, y = benchmark_lib.make_batch(spec)
   costs = profiling.measure_module_costs(trainer, x, y)
+  # One microbatch's ops, measured at batch / M for every M of the cells.
+  micro = {}
+  for m in sorted({benchmark_lib.parse_cell(n)[1]
+                   for n in _STRATEGIES.value} - {1}):
+    size = spec.config.batch_size // m
+    micro[m] = benchmark_lib.costs_ms(
+        profiling.measure_module_costs(trainer, x[:size], y[:size]))
   shapes = [[int(d) for d in found.outputs.shape]
             for found in exits.exits(trainer.modules[:-1], x, heads=())]
   print(json.dumps({"costs_ms": benchmark_lib.costs_ms(costs),
+                    "microbatch_costs_ms": micro,
                     "boundary_shapes": shapes}), flush=True)
 
 
@@ -123,7 +131,10 @@ def predictions(prof, link):
   out = {}
   for name in _STRATEGIES.value:
     strategy, m = benchmark_lib.parse_cell(name)
-    kwargs = dict(num_microbatches=m, num_cores=_cores(_K.value))
+    micro = prof.get("microbatch_costs_ms", {}).get(str(m))
+    kwargs = dict(num_microbatches=m, num_cores=_cores(_K.value),
+                  microbatch_costs=micro and benchmark_lib.costs_from_ms(
+                      micro))
     out[name] = {
         "cluster": 1e3 * schedule.simulate(costs, strategy, transfers=transfers,
                                            **kwargs).step_time,
