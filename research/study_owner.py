@@ -46,9 +46,12 @@ _MOVE_AWAY = "nothing was changed: move it away or pick a new --out_dir"
 
 
 def _read_marker(path):
-  """The JSON object at `path`; None when absent, {} when unreadable."""
+  """The JSON object at `path`; None when absent, {} when unreadable (a
+  FIFO, whose read would block, counts as unreadable)."""
   if not tf.io.gfile.exists(path):
     return None
+  if paths.special_kind(path) is not None:
+    return {}
   try:
     with tf.io.gfile.GFile(path, "rb") as f:
       value = json.loads(f.read().decode("utf-8"))

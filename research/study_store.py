@@ -68,13 +68,17 @@ def read(path, settings, fields, check=None):
   """
   if not tf.io.gfile.exists(path):
     return None
-  try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      value = json.loads(f.read().decode("utf-8"))
-  except (ValueError, tf.errors.OpError) as e:
-    problem = (f"is not readable JSON "
-               f"({(str(e).splitlines() or [''])[0][:80]})")
+  value, problem = None, None
+  if paths.special_kind(path) is not None:  # a FIFO's read would block
+    problem = f"is {paths.special_kind(path)}, not a regular file"
   else:
+    try:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        value = json.loads(f.read().decode("utf-8"))
+    except (ValueError, tf.errors.OpError) as e:
+      problem = (f"is not readable JSON "
+                 f"({(str(e).splitlines() or [''])[0][:80]})")
+  if problem is None:
     bad = _bad_fields(value, fields) if isinstance(value, dict) else None
     if bad is None:
       problem = "is not a JSON object"

@@ -41,6 +41,7 @@ from tf_interlock import placement as placement_lib  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from train import config as config_lib  # noqa: E402
+from train import error_boundary  # noqa: E402
 
 _MODEL = flags.DEFINE_string(
     "model", "resnet", "Network: mlp (dense layers) or resnet (a preset).")
@@ -207,6 +208,7 @@ def format_table(result):
   return "\n".join(lines)
 
 
+@error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

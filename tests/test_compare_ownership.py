@@ -214,6 +214,29 @@ def test_restart_refuses_a_run_of_this_study_holding_a_user_file(tmp_path):
   assert os.listdir(run_dir) == [study_owner.RUN_MARKER]
 
 
+def test_a_fifo_in_a_study_is_one_line_not_a_hang(tmp_path):
+  result = str(tmp_path / "result.json")
+  os.mkfifo(result)
+  with pytest.raises(ValueError, match=f"^{result} is a FIFO, not a regular "
+                     "file: .*nothing was changed"):
+    study_store.read(result, {}, study_store.RESULT_FIELDS)
+  out_dir = str(tmp_path / "out")
+  run_dir = _our_run(out_dir)
+  owner = study_owner.study_owner(out_dir)
+  os.mkfifo(os.path.join(run_dir, "lock.json"))
+  listing = lambda: sorted(os.path.join(top, name) for top, dirs, files  # noqa
+                           in os.walk(run_dir) for name in dirs + files)
+  before = listing()
+  with pytest.raises(ValueError, match="lock.json"):
+    study_owner.prepare(out_dir, run_dir, owner, "e2e", 0)
+  marker = os.path.join(run_dir, study_owner.RUN_MARKER)
+  os.remove(marker)
+  os.mkfifo(marker)
+  with pytest.raises(ValueError, match="did not make"):
+    study_owner.run_state(out_dir, run_dir, owner, "e2e", 0, "result.json")
+  assert listing() == before  # nothing deleted, the FIFOs never opened
+
+
 @pytest.mark.parametrize("text, problem", [
     ("{}", "lacks settings, seed, steps"),
     ("null", "is not a JSON object"),

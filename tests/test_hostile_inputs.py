@@ -171,6 +171,20 @@ CASES = [
      ["--num_modules=1000", "at most 64 modules"]),
     ("model_dir with an unknown scheme", "train.train", None,
      lambda c, r: ["--model_dir=foo://x/run"], ["foo://"]),
+    ("run.json is a FIFO", "train.train",
+     lambda c, r: _fifo(r / "run.json"), lambda c, r: [],
+     ["run.json is a FIFO", "not a regular file"]),
+    ("the checkpoint pointer is a FIFO", "train.train",
+     lambda c, r: _fifo(r / "checkpoints" / "checkpoint"), lambda c, r: [],
+     ["checkpoints/checkpoint", "a FIFO"]),
+    ("evaluate: the export's marker is a FIFO", "train.evaluate",
+     lambda c, r: _fifo(r / "export" / "interlock_export.json"),
+     lambda c, r: [f"--saved_model={r}/export"],
+     ["interlock_export.json is a FIFO"]),
+    ("a TPU address nothing listens at", "train.train", None,
+     lambda c, r: [f"--model_dir={c}/new", "--placement=tpu",
+                   "--tpu=grpc://127.0.0.1:1"],
+     ["--tpu='grpc://127.0.0.1:1'", "nothing accepts connections"]),
 ]
 
 
@@ -270,6 +284,51 @@ def test_a_signal_during_export_is_one_line_and_leaves_nothing(
   assert signal.Signals(signum).name in line, line
   assert "previous export" in line, line
   assert _tree(run) == before  # lock released, temporary folder removed
+
+
+@pytest.mark.slow
+def test_a_bit_flipped_checkpoint_is_one_line_and_nothing_else(trained,
+                                                               tmp_path):
+  """With TF's default logging (no TF_CPP_MIN_LOG_LEVEL): the error is the
+  whole of stderr, no TF warnings, no cuInit line."""
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  data = next((run / "checkpoints").glob("ckpt-10.data-*"))
+  flipped = bytearray(data.read_bytes())
+  for i in range(1000, len(flipped), 65536):  # a bit in every tensor
+    flipped[i] ^= 0x10
+  data.write_bytes(bytes(flipped))
+  before = _tree(run)
+  env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  for binary, flags in (("train.train", SYNTH + ["--train_steps=20"]),
+                        ("train.export", [])):
+    proc = subprocess.run(
+        [sys.executable, "-m", binary, *flags, f"--model_dir={run}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, (binary, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, (binary, proc.stderr)
+    assert lines[0].startswith("error: cannot restore checkpoint"), lines
+    assert "ckpt-10" in lines[0] and "DataLossError" in lines[0], lines
+  assert _tree(run) == before
+
+
+@pytest.mark.slow
+def test_a_signal_while_tracing_is_one_line_and_releases_the_lock(tmp_path):
+  run = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "train.train", *SYNTH, "--train_steps=20",
+       f"--model_dir={run}"], cwd=ROOT, env=_env(),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  while not (run / "lock.json").exists():  # taken just before building
+    assert proc.poll() is None and time.time() < deadline, "no lock taken"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == 1, err
+  assert "SIGTERM" in _one_error_line(err), out
+  assert not (run / "lock.json").exists()
 
 
 def test_the_get_next_limit_is_tensorflows():

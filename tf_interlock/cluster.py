@@ -127,7 +127,8 @@ def module_workers(num_modules, num_workers, modules_per_worker=1):
   return [k // modules_per_worker for k in range(num_modules)]
 
 
-def _reachable(address, timeout_s):
+def reachable(address, timeout_s):
+  """Whether host:port `address` accepts a TCP connection within timeout_s."""
   host, _, port = address.rpartition(":")
   try:
     with socket.create_connection((host.strip("[]"), int(port)),
@@ -150,7 +151,7 @@ def wait_for_workers(spec, timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
   missing = list(range(len(addresses)))
   deadline = time.monotonic() + timeout_s
   while True:
-    missing = [t for t in missing if not _reachable(addresses[t], 2.0)]
+    missing = [t for t in missing if not reachable(addresses[t], 2.0)]
     if not missing or time.monotonic() >= deadline:
       break
     time.sleep(0.5)
@@ -234,7 +235,7 @@ def describe_failure(error, spec):
   if not tasks and isinstance(error, (tf.errors.UnavailableError,
                                       tf.errors.AbortedError)):
     tasks = [t for t, address in enumerate(addresses)
-             if not _reachable(address, 2.0)]
+             if not reachable(address, 2.0)]
   if not tasks:
     return None
   names = ", ".join(f"task {t} ({addresses[t]})" for t in sorted(set(tasks)))

@@ -173,23 +173,26 @@ def _replace_dir(new_dir, export_dir, old_dir):
     paths.move_dir(new_dir, export_dir, last=MARKER)
     return
   paths.move_dir(export_dir, old_dir, last=MARKER)
-  # Checked again once it is out of the way: a file added to the old export
-  # since `check_export_target` would otherwise be deleted with it.
-  marker = read_marker(old_dir)
-  late = ([MARKER] if marker is None else foreign_entries(old_dir, marker))
+  # A signal is raised at the first bytecode after a C call returns, so the
+  # try starts right after the move (a SIGTERM during it lands here).
+  try:
+    # Checked again once it is out of the way: a file added to the old
+    # export since `check_export_target` would otherwise be deleted with it.
+    marker = read_marker(old_dir)
+    late = ([MARKER] if marker is None else foreign_entries(old_dir, marker))
+    if not late:
+      paths.move_dir(new_dir, export_dir, last=MARKER)
+  except BaseException:  # also Ctrl-C or SIGTERM between the two moves
+    if tf.io.gfile.exists(export_dir):
+      tf.io.gfile.rmtree(export_dir)  # a partial copy (URLs) of new_dir
+    paths.move_dir(old_dir, export_dir, last=MARKER)
+    raise
   if late:
     paths.move_dir(old_dir, export_dir, last=MARKER)
     raise ValueError(
         f"export_dir={export_dir} changed during the export: it now holds "
         f"entries the earlier export did not write ({', '.join(late[:3])}); "
         f"nothing was replaced. Received: export_dir={export_dir!r}")
-  try:
-    paths.move_dir(new_dir, export_dir, last=MARKER)
-  except BaseException:  # also Ctrl-C or SIGTERM between the two moves
-    if tf.io.gfile.exists(export_dir):
-      tf.io.gfile.rmtree(export_dir)  # a partial copy (URLs) of new_dir
-    paths.move_dir(old_dir, export_dir, last=MARKER)
-    raise
   tf.io.gfile.rmtree(old_dir)
 
 
@@ -221,8 +224,8 @@ def write_owned(export_dir, write, *, owner=None, metadata=None):
                  f".{paths.basename(export_dir)}.{kind}-{token}")
       for kind in ("tmp", "old"))
   marker = {"owner": owner, **(metadata or {})}
-  tf.io.gfile.makedirs(new_dir)
-  try:
+  try:  # made inside: a SIGTERM during makedirs is raised just after it
+    tf.io.gfile.makedirs(new_dir)
     _write_marker(new_dir, marker)  # a killed write is still recognisable
     write(new_dir)
     _write_marker(new_dir, marker)  # now listing every file written

@@ -16,6 +16,8 @@ from train import multi_worker
 
 # Seconds the Cloud TPU name may take to resolve before the run gives up.
 TPU_RESOLVE_TIMEOUT_S = 300
+# Seconds each TPU worker address has to accept a TCP connection.
+TPU_CONNECT_TIMEOUT_S = 10
 
 
 def num_replicas(config):
@@ -80,6 +82,16 @@ def resolve_tpu(config):
                     "grpc://host:port")
   if isinstance(resolver, Exception):
     _unreachable(config, resolver)
+  # TF's connect retries a silent address without end, and no signal stops
+  # it (the wait is inside one C++ call): probe each worker first.
+  silent = [address for tasks in resolver.cluster_spec().as_dict().values()
+            for address in (tasks.values() if isinstance(tasks, dict)
+                            else tasks)
+            if not cluster_lib.reachable(address, TPU_CONNECT_TIMEOUT_S)]
+  if silent:
+    config_lib.fail("tpu", config.tpu, f"cannot reach the TPU: nothing "
+                    f"accepts connections at {', '.join(silent)} within "
+                    f"{TPU_CONNECT_TIMEOUT_S} s")
   return resolver
 
 

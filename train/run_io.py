@@ -15,10 +15,12 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import export_dir as export_dir_lib
+from tf_interlock import paths
 from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from train import config as config_lib
 from train import datasets
+from train import error_boundary
 from train import networks
 from train import runtime_setup
 from train import train_lib
@@ -109,7 +111,7 @@ def restored_modules(config, task, checkpoint, model_dir):
     ).assert_existing_objects_matched()
   except (tf.errors.OpError, AssertionError, ValueError, IndexError,
           KeyError) as e:
-    first = (str(e).strip().splitlines() or [""])[0][:160]
+    first = error_boundary.first_line(getattr(e, "message", e))[:160]
     raise ValueError(f"cannot restore checkpoint {checkpoint} "
                      f"({type(e).__name__}: {first}); it is corrupt or from "
                      f"another model. Received: model_dir={model_dir!r}"
@@ -136,8 +138,8 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
                             f"Received: model_dir={model_dir!r}")
   export_dir = run.check_export_dir(export_dir or config.export_dir)
   lock = RunLock(run.lock_path)
-  lock.acquire()
-  try:
+  try:  # as train_lib.run: a signal during acquire still releases it
+    lock.acquire()
     runtime_setup.setup_runtime(config)
     task = datasets.make_task(config, with_train=False)
     modules = restored_modules(config, task, latest, model_dir)
@@ -176,6 +178,11 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     raise ValueError("--saved_model or --model_dir is required. Received: "
                      "saved_model=None")
   else:
+    marker_path = paths.join(saved_model, export_dir_lib.MARKER)
+    if paths.special_kind(marker_path) is not None:
+      raise ValueError(f"{marker_path} is {paths.special_kind(marker_path)},"
+                       f" not a regular file; nothing was read. Received: "
+                       f"saved_model={saved_model!r}")
     marker = export_dir_lib.read_marker(saved_model) or {}
     if isinstance(marker.get("config"), dict):
       recorded = config_from_dict(

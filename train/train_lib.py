@@ -57,7 +57,7 @@ def _restore(checkpoint, path):
     checkpoint.restore(path).assert_existing_objects_matched()
   except (tf.errors.OpError, AssertionError, ValueError, IndexError,
           KeyError) as e:
-    first = (str(e).strip().splitlines() or [""])[0][:200]
+    first = error_boundary.first_line(getattr(e, "message", e))[:200]
     raise TrainingError(
         f"cannot restore checkpoint {path} ({type(e).__name__}: {first}); "
         "it is corrupt or from another model. Nothing was changed; move it "
