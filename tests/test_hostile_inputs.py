@@ -346,6 +346,14 @@ def test_the_boundary_describes_expected_faults_only():
   assert error_boundary.describe(denied) == (
       "PermissionDeniedError: /r/x; Permission denied")
   assert error_boundary.describe(ValueError("a\nb")) == "a"
+  graph = tf.errors.InvalidArgumentError(None, None, (
+      "Graph execution error:\n\nDetected at node dense/MatMul defined at "
+      "(most recent call last):\n  File \"x.py\", line 3, in f\n\n    y = "
+      "d(x)\n\nMatrix size-incompatible: In[0]: [32,784], In[1]: [32,256]"
+      "\n\t [[{{node dense/MatMul}}]] [Op:__inference_f_12]"))
+  assert error_boundary.describe(graph) == (
+      "InvalidArgumentError: Matrix size-incompatible: In[0]: [32,784], "
+      "In[1]: [32,256]")
   assert error_boundary.describe(TypeError("a bug")) is None
   assert error_boundary.describe(KeyError("a bug")) is None
 

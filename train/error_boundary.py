@@ -56,10 +56,16 @@ def _raise_terminated(signum, frame):
 
 def first_line(text):
   """The first non-empty line of `text`, cut to a readable length, without
-  the "{{function_node ...}}" prefix TF puts before a kernel's status."""
-  lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+  the "{{function_node ...}}" prefix TF puts before a kernel's status. In
+  TF's "Graph execution error:" text, the first line of the kernel's own
+  message, after the traces of the nodes it names."""
+  lines = [line for line in str(text).splitlines() if line.strip()]
+  if lines and lines[0].strip() == "Graph execution error:":
+    lines = [line for line in lines[1:] if not line[0].isspace() and
+             not line.startswith("Detected at node") and
+             line.strip() != "<stack traces unavailable>"] or lines
   line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
-                lines[0] if lines else "")
+                lines[0].strip() if lines else "")
   return line if len(line) <= _MAX_CHARS else line[:_MAX_CHARS - 3] + "..."
 
 
