@@ -331,6 +331,68 @@ def test_a_signal_while_tracing_is_one_line_and_releases_the_lock(tmp_path):
   assert not (run / "lock.json").exists()
 
 
+def _root_can(*command):
+  """Whether `command` works here (root in a container may not mount)."""
+  return os.geteuid() == 0 and shutil.which(command[0]) and subprocess.run(
+      command, capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.slow
+def test_full_disks_immutable_folders_and_mount_points_are_one_line(
+    trained, tmp_path):
+  """As root only: chattr +i and a 5 MB tmpfs (one checkpoint fits)."""
+  probe = tmp_path / "probe"
+  probe.mkdir()
+  if not _root_can("chattr", "+i", str(probe)):
+    pytest.skip("needs root and chattr +i")
+  subprocess.run(["chattr", "-i", str(probe)], check=True)
+  full, mount = tmp_path / "full", tmp_path / "mount"
+  full.mkdir()
+  mount.mkdir()
+  if not _root_can("mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs",
+                   str(full)):
+    pytest.skip("needs root and mount")
+  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                  str(mount)], check=True)
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  frozen = tmp_path / "frozen"
+  frozen.mkdir()
+  locked = [run / "checkpoints", frozen]
+  try:
+    subprocess.run(["chattr", "+i", *map(str, locked)], check=True)
+    cases = [  # (binary, flags, words, folder whose files must not change)
+        ("train.train", SYNTH + ["--train_steps=20", f"--model_dir={run}"],
+         ["ckpt-20_temp", "ckpt-10 is the latest usable"],
+         run / "checkpoints"),
+        ("train.train", SYNTH + [f"--model_dir={frozen}/run"],
+         ["PermissionDeniedError", f"{frozen}/run"], frozen),
+        ("train.train", SYNTH + ["--train_steps=40",
+                                 f"--model_dir={full}/run"],
+         ["ckpt-20_temp", "ckpt-10 is the latest usable"], None),
+        ("train.export", [f"--model_dir={trained}", f"--export_dir={mount}"],
+         [str(mount), "Device or resource busy"], mount)]
+    for binary, flags, words, folder in cases:
+      before = folder and _tree(folder)
+      proc = subprocess.run([sys.executable, "-m", binary, *flags], cwd=ROOT,
+                            env=_env(), capture_output=True, text=True,
+                            timeout=300)
+      assert proc.returncode == 1, (flags, proc.stderr)
+      line = _one_error_line(proc.stderr)
+      for word in words:
+        assert word in line, (word, line)
+      assert folder is None or _tree(folder) == before, flags
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+    assert not list(full.rglob("*_temp"))  # the unfinished save removed
+    assert sorted(p.name for p in (full / "run" / "checkpoints").iterdir()
+                  ) == ["checkpoint", "ckpt-10.data-00000-of-00001",
+                        "ckpt-10.index"]
+  finally:
+    subprocess.run(["chattr", "-i", *map(str, locked)], check=False)
+    for point in (full, mount):
+      subprocess.run(["umount", str(point)], check=False)
+
+
 def test_the_get_next_limit_is_tensorflows():
   from tensorflow.python.data.ops import iterator_ops  # pylint: disable=g-import-not-at-top
   assert config_lib.MAX_GET_NEXT_CALLS == (
