@@ -340,7 +340,8 @@ def _root_can(*command):
 @pytest.mark.slow
 def test_full_disks_immutable_folders_and_mount_points_are_one_line(
     trained, tmp_path):
-  """As root only: chattr +i and a 5 MB tmpfs (one checkpoint fits)."""
+  """As root only: chattr +i, a 5 MB tmpfs (one checkpoint fits) and a
+  100 KB one (no export fits)."""
   probe = tmp_path / "probe"
   probe.mkdir()
   if not _root_can("chattr", "+i", str(probe)):
@@ -352,7 +353,7 @@ def test_full_disks_immutable_folders_and_mount_points_are_one_line(
   if not _root_can("mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs",
                    str(full)):
     pytest.skip("needs root and mount")
-  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs",
                   str(mount)], check=True)
   run = tmp_path / "run"
   shutil.copytree(trained, run)
@@ -371,7 +372,10 @@ def test_full_disks_immutable_folders_and_mount_points_are_one_line(
                                  f"--model_dir={full}/run"],
          ["ckpt-20_temp", "ckpt-10 is the latest usable"], None),
         ("train.export", [f"--model_dir={trained}", f"--export_dir={mount}"],
-         [str(mount), "Device or resource busy"], mount)]
+         [str(mount), "Device or resource busy"], mount),
+        ("train.export", [f"--model_dir={trained}",
+                          f"--export_dir={mount}/export"],
+         [str(mount), "No space left on device"], mount)]
     for binary, flags, words, folder in cases:
       before = folder and _tree(folder)
       proc = subprocess.run([sys.executable, "-m", binary, *flags], cwd=ROOT,
