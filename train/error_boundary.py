@@ -21,13 +21,19 @@ saves a checkpoint first. Python delivers a signal between two bytecodes:
 inside one long TF C++ call (a graph optimizer pass) it waits for that call
 to return, which is why `train.config` refuses networks whose graphs would
 keep TF busy for minutes (see `config.MAX_MODULES`).
+
+`guard(hard_exit=True)` (train.worker) leaves with `os._exit` once the
+line is printed: the threads of TF's gRPC server can hold up a normal exit
+of the interpreter for good.
 """
 
 import errno
 import functools
+import os
 import re
 import signal
 import sys
+import traceback
 
 from absl import app
 from absl import logging
@@ -104,7 +110,7 @@ def describe(e):
   return None
 
 
-def guard(interrupted="nothing was left half-written"):
+def guard(interrupted="nothing was left half-written", hard_exit=False):
   """Decorates a binary's `main(argv)` with the boundary (for `app.run`).
 
     @error_boundary.guard(interrupted="rerun to resume")
@@ -114,6 +120,9 @@ def guard(interrupted="nothing was left half-written"):
   Args:
     interrupted: what an interrupted run leaves, for the signal's line
       (e.g. "rerun to resume from the latest checkpoint").
+    hard_exit: leave with `os._exit(1)` right after the line (a bug: after
+      its traceback), not `sys.exit(1)`; for a process whose TF threads
+      (a gRPC server's) would hold up the interpreter's exit.
 
   Returns:
     The decorator.
@@ -129,14 +138,17 @@ def guard(interrupted="nothing was left half-written"):
       except app.UsageError:
         raise  # absl prints the usage line itself
       except KeyboardInterrupt:
-        _fail(f"interrupted (SIGINT); {interrupted}")
+        _fail(f"interrupted (SIGINT); {interrupted}", hard_exit)
       except Terminated as e:
-        _fail(f"stopped ({e}); {interrupted}")
+        _fail(f"stopped ({e}); {interrupted}", hard_exit)
       except Exception as e:  # pylint: disable=broad-except
         line = describe(e)
         if line is None:
-          raise
-        _fail(line)
+          if not hard_exit:
+            raise
+          traceback.print_exc()  # a bug keeps its traceback
+          _leave(1)
+        _fail(line, hard_exit)
       finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -145,12 +157,21 @@ def guard(interrupted="nothing was left half-written"):
   return decorate
 
 
-def _fail(line):
+def _fail(line, hard_exit=False):
   """Prints the line and exits 1, quietly: the objects freed at exit (a
   checkpoint whose restore failed, say) would log warnings about what the
-  error already said."""
+  error already said. With `hard_exit`, at once (`os._exit`)."""
   sys.stdout.flush()
   print(f"error: {line}", file=sys.stderr, flush=True)
+  if hard_exit:
+    _leave(1)
   logging.set_verbosity(logging.ERROR)
   tf.get_logger().setLevel("ERROR")
   sys.exit(1)
+
+
+def _leave(code):
+  """Exits with `code` now, without waiting for other threads (TF's)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access

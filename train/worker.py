@@ -16,7 +16,9 @@ threads (default 1) and at most --inter_op_threads ops run at once (default
 modules (--modules_per_worker=m on the trainer) --inter_op_threads=m.
 
 Bad input gets one line and exit 1: an invalid cluster list, a task that is
-not in it, a host that is not this machine's, a port already in use.
+not in it, a host that is not this machine's, a port already in use. The
+shared boundary (`train.error_boundary`) prints it and, with hard_exit,
+leaves at once: TF's server threads could hold up a normal exit.
 """
 
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
@@ -27,11 +29,12 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
 
 from absl import app
 from absl import flags
+
+from train import error_boundary
 
 _CLUSTER = flags.DEFINE_string(
     "cluster", None, "Comma-separated host:port of every worker, in task "
@@ -48,8 +51,9 @@ _INTER = flags.DEFINE_integer(
     "number of modules it holds, for one core per module.")
 
 
-class WorkerError(Exception):
-  """A bad flag or environment: one line for the user, exit 1."""
+class WorkerError(ValueError):
+  """A bad flag or environment: one line for the user, exit 1 (a
+  ValueError, which the error boundary reports as its line)."""
 
 
 def _task_index():
@@ -150,15 +154,13 @@ def run():
     time.sleep(1)
 
 
+@error_boundary.guard(interrupted="the worker had not started serving",
+                      hard_exit=True)
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
     run()
-  except WorkerError as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    # Leave at once: TF's runtime threads can hold the interpreter's exit.
-    os._exit(1)  # pylint: disable=protected-access
   except SystemExit as e:
     if isinstance(e.code, str):  # stopped by a signal: a clean exit
       print(e.code, flush=True)
