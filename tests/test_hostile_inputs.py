@@ -170,7 +170,14 @@ CASES = [
      lambda c, r: [f"--model_dir={c}/new", "--num_modules=1000"],
      ["--num_modules=1000", "at most 64 modules"]),
     ("model_dir with an unknown scheme", "train.train", None,
-     lambda c, r: ["--model_dir=foo://x/run"], ["foo://"]),
+     lambda c, r: ["--model_dir=foo://x/run"],
+     ["--model_dir=foo://x/run: cannot reach it", "UnimplementedError"]),
+    # An unresolvable host fails in about 10 s (no network needed).
+    *[(f"{binary}: a gs:// model_dir with no network", binary, None,
+       lambda c, r: ["--model_dir=gs://interlock-no-such-bucket/run"],
+       ["--model_dir=gs://interlock-no-such-bucket/run: cannot reach it",
+        "FailedPreconditionError"])
+      for binary in ("train.train", "train.export", "train.evaluate")],
     ("run.json is a FIFO", "train.train",
      lambda c, r: _fifo(r / "run.json"), lambda c, r: [],
      ["run.json is a FIFO", "not a regular file"]),

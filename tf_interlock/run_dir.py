@@ -80,8 +80,17 @@ class RunDir:
     return tf.io.gfile.isdir(self.path)
 
   def check_layout(self):
-    """Raises if model_dir or one of its known entries has the wrong type."""
-    blocker = paths.file_above(self.path)
+    """Raises if model_dir or one of its known entries has the wrong type,
+    or if model_dir cannot be reached (a gs:// bucket with no network)."""
+    try:  # the binaries' first access to the run directory
+      blocker = paths.file_above(self.path)
+    except tf.errors.NotFoundError:
+      raise
+    except tf.errors.OpError as e:
+      status = (e.message or "").strip().splitlines() or [""]
+      raise ValueError(f"{self.name}={self.path}: cannot reach it "
+                       f"({type(e).__name__}: {status[0].strip()})"
+                       ) from None
     if blocker == self.path:
       raise ValueError(f"{self.name}={self.path} is a file, not a "
                        f"directory. {self._received}")
