@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -336,6 +337,36 @@ def test_a_signal_while_tracing_is_one_line_and_releases_the_lock(tmp_path):
   assert proc.returncode == 1, err
   assert "SIGTERM" in _one_error_line(err), out
   assert not (run / "lock.json").exists()
+
+
+def test_evaluate_with_data_the_export_cannot_take_names_the_flags(
+    trained, tmp_path):
+  """An export without its marker evaluated with another preset's data
+  (an LM's int token windows for an MLP of 32 floats): one line naming the
+  flags and both shapes, not TF's "In[0] is not a matrix"."""
+  export = tmp_path / "export"
+  shutil.copytree(os.path.join(trained, "export"), export)
+  (export / "interlock_export.json").unlink()
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  rng = np.random.default_rng(0)
+  words = "the quick brown fox jumps over a lazy dog and runs far".split()
+  (corpus / "corpus.txt").write_text("\n%\n".join(
+      " ".join(rng.choice(words, 36)) for _ in range(400)))
+  before = _tree(export)
+  proc = run_binary(
+      "train.evaluate", f"--saved_model={export}", "--preset=fortunes_lm",
+      f"--source_dir={corpus}", f"--data_dir={tmp_path}/data",
+      "--vocab_kind=char", "--vocab_size=40", "--seq_len=16",
+      "--batch_size=8", "--eval_batches=1", check=False)
+  assert proc.returncode == 1, proc.stderr
+  line = _one_error_line(proc.stderr)
+  for word in (f"--saved_model={export} takes features of shape (None, 32) "
+               "float32", "--preset=fortunes_lm", "--seq_len=16",
+               "gives (8, 16) int"):
+    assert word in line, (word, line)
+  assert "not a matrix" not in line
+  assert _tree(export) == before
 
 
 def _root_can(*command):

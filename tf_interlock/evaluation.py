@@ -42,6 +42,49 @@ def _check_finite(dataset):
         "(drop the .repeat()). Received: dataset.cardinality()=infinite")
 
 
+class InputMismatch(ValueError):
+  """The dataset's features do not fit the export's serving signature."""
+
+  def __init__(self, expected, received):
+    self.expected, self.received = expected, received
+    super().__init__(
+        f"the export takes features of shape {describe_spec(expected)} "
+        f"but the dataset gives {describe_spec(received)}")
+
+
+def describe_spec(spec):
+  """E.g. "(None, 32) float32"."""
+  shape = spec.shape
+  dims = "(unknown rank)" if shape.rank is None else str(tuple(
+      shape.as_list()))
+  return f"{dims} {spec.dtype.name}"
+
+
+def check_inputs(dataset, spec):
+  """Raises InputMismatch unless `dataset`'s features fit `spec`.
+
+  The features are cast to the signature's dtype, so a float is taken for
+  a float and an int for an int; the shape must match but for the batch.
+
+  Args:
+    dataset: a `tf.data.Dataset` of (features, labels); anything else (an
+      iterable) is not checked.
+    spec: the `tf.TensorSpec` of the serving signature's input.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    return
+  element = dataset.element_spec
+  features = element[0] if isinstance(element, tuple) else element
+  if not isinstance(features, tf.TensorSpec):
+    return
+  shape = features.shape
+  if shape.rank is not None and shape.rank > 0:
+    shape = tf.TensorShape([None]).concatenate(shape[1:])  # any batch
+  if (not shape.is_compatible_with(spec.shape) or
+      features.dtype.is_integer != spec.dtype.is_integer):
+    raise InputMismatch(spec, features)
+
+
 def exit_values(modules, features, labels, loss_fn, metric_fn=None, *,
                 scope=None):
   """Every exit's per-example loss (and metric) on one batch.
@@ -172,6 +215,10 @@ def evaluate_saved_model(export_dir, dataset, *, task="classification"):
 
   Returns:
     {"module_k": metrics} for every exit k, as `evaluate_modules`.
+
+  Raises:
+    InputMismatch: the dataset's features do not fit the export's input
+      (another data set, image size or sequence length).
   """
   _check_task(task)
   _check_finite(dataset)
@@ -187,6 +234,7 @@ def evaluate_saved_model(export_dir, dataset, *, task="classification"):
   # Every signature has the same single input (see `export._signatures`).
   serving = loaded.signatures[export.SERVING_KEY]
   [(arg_name, spec)] = serving.structured_input_signature[1].items()
+  check_inputs(dataset, spec)
 
   totals = _Totals()
   for features, labels in dataset:

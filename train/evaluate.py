@@ -62,10 +62,32 @@ def main(argv):
   task = datasets.make_task(config, with_train=False)
   dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
       task.eval)
-  results = evaluation.evaluate_saved_model(
-      saved_model, dataset,
-      task="lm" if task.kind == "lm" else "classification")
+  try:
+    results = evaluation.evaluate_saved_model(
+        saved_model, dataset,
+        task="lm" if task.kind == "lm" else "classification")
+  except evaluation.InputMismatch as e:
+    raise ValueError(_mismatch_line(e, saved_model, config, given)) from None
   print(json.dumps(results))
+
+
+# The flags that decide the shape and type of the features evaluated.
+_DATA_FLAGS = ("preset", "dataset", "seq_len", "vocab_kind", "vocab_size",
+               "source_dir", "data_dir")
+
+
+def _mismatch_line(mismatch, saved_model, config, given):
+  """The one line for data whose features the export cannot take."""
+  named = [f"--{name}={flags.FLAGS[name].value}" for name in _DATA_FLAGS
+           if name == "preset" and flags.FLAGS["preset"].present or
+           name in given]
+  data = " ".join(named) or "the run's configuration"
+  return (f"--saved_model={saved_model} takes features of shape "
+          f"{evaluation.describe_spec(mismatch.expected)}, but the data of "
+          f"{data} (dataset={config.dataset}) gives "
+          f"{evaluation.describe_spec(mismatch.received)}; pass the data "
+          "flags the export was trained with (an export without "
+          "interlock_export.json needs them)")
 
 
 if __name__ == "__main__":
