@@ -248,18 +248,21 @@ def run_fit(spec, name, placement):
 
 
 def predict(costs, name, num_cores, threads=1, module_devices=None,
-            microbatch_costs=None):
+            microbatch_costs=None, ops_per_device=1):
   """The schedule model's step seconds for strategy cell `name`, from op
   costs measured under `threads` intra-op threads: an op holds `threads`
   cores, with no further speedup (efficiency 0), as its cost already has
   it. microbatch_costs: {M: costs measured on batch / M} (see
-  `schedule.simulate`); a cell whose M is missing scales `costs` by 1/M."""
+  `schedule.simulate`); a cell whose M is missing scales `costs` by 1/M.
+  ops_per_device: see `schedule.simulate`; a simulated plan's process runs
+  any device's ops on its inter-op pool of D threads, so pass D there."""
   strategy, microbatches = parse_cell(name)
   return schedule.simulate(
       costs, strategy, num_microbatches=microbatches, num_cores=num_cores,
       threads_per_device=threads, module_devices=module_devices,
       thread_efficiency=0.0,
-      microbatch_costs=(microbatch_costs or {}).get(microbatches)).step_time
+      microbatch_costs=(microbatch_costs or {}).get(microbatches),
+      ops_per_device=ops_per_device).step_time
 
 
 def measure_strategies(spec, strategies, placement, num_cores, threads=1,
@@ -286,7 +289,8 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
     if costs and measured_costs is None:
       measured_costs = profiling.measure_module_costs(trainer, x, y)
     predicted = None if measured_costs is None else predict(
-        measured_costs, name, num_cores, threads, module_devices)
+        measured_costs, name, num_cores, threads, module_devices,
+        ops_per_device=1 + max(module_devices or [0]))
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,

@@ -138,7 +138,10 @@ def predictions(prof, link):
     out[name] = {
         "cluster": 1e3 * schedule.simulate(costs, strategy, transfers=transfers,
                                            **kwargs).step_time,
+        # One process of K logical CPUs and K inter-op threads, any of
+        # which runs any device's op; a worker has one inter-op thread.
         "simulated": 1e3 * schedule.simulate(costs, strategy,
+                                             ops_per_device=_K.value,
                                              **kwargs).step_time}
   return out
 

@@ -146,7 +146,12 @@ def predict_cells(profile, plan, strategies):
         benchmark_lib.costs_from_ms(profile[key]), name, _cores(), threads,
         module_devices,
         {int(m): benchmark_lib.costs_from_ms(rows[key])
-         for m, rows in micro.items()})
+         for m, rows in micro.items()},
+        # The plan's D logical devices share one inter-op pool of D threads
+        # (placement.configure_simulated_devices), which runs any device's
+        # ops: research.concurrency_probe measured two chains on one device
+        # at 1.00-1.07x of one alone.
+        ops_per_device=devices)
               for key in ("module_costs_ms", "module_costs_min_ms",
                           "module_costs_max_ms")]
     cells[name] = {"predicted_step_s": values[0],

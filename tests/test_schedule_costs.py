@@ -136,3 +136,22 @@ def test_profiler_measures_the_fused_pass_and_the_accumulation():
   for cost in costs:
     assert cost.fused_vjp is not None and np.isfinite(cost.fused_vjp)
     assert cost.accumulate > 0.0
+
+
+def test_a_shared_inter_op_pool_runs_one_devices_ops_at_once():
+  # K = 1, e2e, M = 2 (each microbatch op costs half of f = bw = 1). One op
+  # at a time: F, F, BW, BW back to back = 2. With two inter-op threads
+  # that may both run the device's ops (a simulated device) and two cores,
+  # both microbatches' forwards run together, then both weight VJPs: 1.
+  one = ModuleCost(forward=1.0, input_vjp=0.0, weight_vjp=1.0)
+  kwargs = dict(num_microbatches=2, num_cores=2)
+  assert schedule.simulate([one], "e2e", **kwargs).step_time == \
+      pytest.approx(2.0, abs=1e-9)
+  assert schedule.simulate([one], "e2e", ops_per_device=2,
+                           **kwargs).step_time == pytest.approx(1.0, abs=1e-9)
+  # The cores still bound it: one core, one op at a time.
+  assert schedule.simulate([one], "e2e", ops_per_device=2,
+                           num_microbatches=2, num_cores=1).step_time == \
+      pytest.approx(2.0, abs=1e-9)
+  with pytest.raises(ValueError, match="Received: ops_per_device=0"):
+    schedule.simulate([one], "e2e", ops_per_device=0)

@@ -1,12 +1,14 @@
 """Measures the per-module op costs that the schedule model needs.
 
 `schedule.simulate` predicts a strategy's step time from, per module k, the
-time of its forward f_k, input VJP bx_k, weight VJP bw_k, fused input and
-weight VJP (one backward pass, as the engine runs end to end), aux head
-forward and backward a_k, optimizer update u_k, and the sum of two
-microbatches' gradients. Each is timed here in its own
-`tf.function` on the module's device; the VJPs include a forward pass, which
-is subtracted. Times are medians over `repeats` calls, in seconds.
+time of its forward f_k (for the last module with the true loss, its
+metrics and the loss's gradient at h_{K-1}), input VJP bx_k, weight VJP
+bw_k, fused input and weight VJP (one backward pass, as the engine runs end
+to end), aux head forward and backward a_k (with its metrics), optimizer
+update u_k, and the sum of two microbatches' gradients. Each is timed here
+in its own `tf.function` on the module's device; the VJPs include a forward
+pass, which is subtracted. Times are medians over `repeats` calls, in
+seconds.
 """
 
 import dataclasses
@@ -33,10 +35,26 @@ def _median_time(fn, repeats):
   return float(np.median(times))
 
 
-def _op_functions(module, x, cot, labels, loss_fn):
+def _op_functions(k, module, x, cot, labels, step):
   """tf.functions for module k's forward and VJPs (closures: arguments of
   a tf.function would be captured by value and lose their gradients)."""
   theta = module.body.trainable_variables
+  batch = int(labels.shape[0])
+
+  def own_loss(logits, metrics):
+    # The engine's own L_k with its metrics, as the step computes it (the
+    # metrics are returned too, or the graph would prune them).
+    return step._own_loss(k, logits, labels, batch, metrics)  # pylint: disable=protected-access
+
+  @tf.function(autograph=False)
+  def final_loss(h):
+    # The last module's L_{K-1} = loss(h, y) and its cotangent at h: inside
+    # F_{K-1} in the schedule model.
+    metrics = {}
+    with tf.GradientTape() as tape:
+      tape.watch(h)
+      loss = own_loss(h, metrics)
+    return [tape.gradient(loss, h)] + list(metrics.values())
 
   @tf.function(autograph=False)
   def forward():
@@ -66,12 +84,13 @@ def _op_functions(module, x, cot, labels, loss_fn):
   @tf.function(autograph=False)
   def aux(h):
     phi = module.aux_head.trainable_variables
+    metrics = {}
     with tf.GradientTape() as tape:
       tape.watch(h)
-      loss = tf.reduce_mean(loss_fn(labels, module.aux_head(h, training=True)))
-    return tape.gradient(loss, phi + [h])
+      loss = own_loss(module.aux_head(h, training=True), metrics)
+    return tape.gradient(loss, phi + [h]) + list(metrics.values())
 
-  return forward, input_vjp, weight_vjp, fused_vjp, aux
+  return forward, input_vjp, weight_vjp, fused_vjp, aux, final_loss
 
 
 def _accumulate_function(variables):
@@ -124,9 +143,11 @@ def measure_module_costs(trainer, features, labels, repeats=10):
       x = tf.identity(h)
       h = module.body(x, training=False)
       cot = tf.ones_like(h) / tf.cast(tf.size(h), h.dtype)
-      forward, input_vjp, weight_vjp, fused_vjp, aux = _op_functions(
-          module, x, cot, labels, trainer.step.loss_fn)
+      forward, input_vjp, weight_vjp, fused_vjp, aux, final_loss = (
+          _op_functions(k, module, x, cot, labels, trainer.step))
       f = _median_time(forward, repeats)
+      # F_{K-1} holds the true loss, its metrics and dL/dh_{K-1}.
+      loss = _median_time(lambda h=h: final_loss(h), repeats) if last else 0.0
       bx = 0.0 if k == 0 else max(0.0, _median_time(input_vjp, repeats) - f)
       bw = max(0.0, _median_time(weight_vjp, repeats) - f)
       # Module 0 never sends a cotangent, so its backward is never fused.
@@ -136,7 +157,8 @@ def measure_module_costs(trainer, features, labels, repeats=10):
           lambda h=h: aux(h), repeats)
       u = _median_time(_update_function(trainer.optimizers[k],
                                         trainer.variables(k)), repeats)
-    costs.append(schedule.ModuleCost(forward=f, input_vjp=bx, weight_vjp=bw,
+    costs.append(schedule.ModuleCost(forward=f + loss, input_vjp=bx,
+                                     weight_vjp=bw,
                                      aux=a, update=u, fused_vjp=fused,
                                      accumulate=acc))
   return costs

@@ -276,11 +276,13 @@ def _steady_window(done):
   return len(gaps), done[-1] - done[0]
 
 
-def _run(template, num_modules, device_of, num_cores, threads, num_steps):
+def _run(template, num_modules, device_of, num_cores, threads, num_steps,
+         ops_per_device=1):
   """List-schedules `num_steps` copies of the step template.
 
   Op id = step * len(template) + template index. Module k's ops run on
-  device device_of[k]; each op holds `threads` of the `num_cores` cores.
+  device device_of[k], at most `ops_per_device` at once; each op holds
+  `threads` of the `num_cores` cores.
 
   Returns:
     (start, finish, blocker): per op id, its start and finish time and the op
@@ -312,7 +314,8 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps):
     priority = (t, op.microbatch, _RANK[op.kind], -op.module, op.key)
     heapq.heappush(queues[device_of[op.module]], (priority, op_id))
 
-  events, free_devices, free_cores = [], set(range(num_devices)), num_cores
+  events, free_cores = [], num_cores
+  free_slots = [ops_per_device] * num_devices
   start, finish, blocker = {}, {}, {}
   for i, op in enumerate(template):
     if not op.deps:
@@ -320,13 +323,14 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps):
   last_on_device, last_done, now = [None] * num_devices, None, 0.0
   while True:
     while free_cores >= threads:  # Start the best ready op on a free device.
-      heads = [queues[k][0] for k in free_devices if queues[k]]
+      heads = [queues[k][0] for k in range(num_devices)
+               if free_slots[k] and queues[k]]
       if not heads:
         break
       _, op_id = min(heads)
       k = device_of[template[op_id % size].module]
       heapq.heappop(queues[k])
-      free_devices.remove(k)
+      free_slots[k] -= 1
       free_cores -= threads
       start[op_id] = now
       previous = last_on_device[k]
@@ -347,7 +351,7 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps):
       if template[i].kind not in _TRANSFER:
         k = device_of[template[i].module]
         last_on_device[k], last_done = op_id, op_id
-        free_devices.add(k)
+        free_slots[k] += 1
         free_cores += threads
       nexts = [t * size + j for j in successors[i]]
       if template[i].kind == "U" and t + 1 < num_steps:
@@ -375,7 +379,8 @@ def _check_devices(module_devices, num_modules):
 def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
              num_cores=None, num_steps=48, has_aux=None, threads_per_device=1,
              module_devices=None, thread_efficiency=1.0,
-             transfers=None, microbatch_costs=None) -> ScheduleResult:
+             transfers=None, microbatch_costs=None,
+             ops_per_device=1) -> ScheduleResult:
   """Simulates `num_steps` training steps and measures the steady state.
 
   Another num_steps // 2 steps run after them, so that the measured second
@@ -400,6 +405,12 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       microbatch (batch / M): the forward, VJP and aux ops of a microbatch
       cost these values. None: a microbatch op costs 1/M of `costs`'s,
       which ignores that small ops run less efficiently.
+    ops_per_device: how many of a device's ops may run at once. 1 for a
+      real device, or a process of its own (a cluster worker with one
+      inter-op thread); a simulated device is a logical CPU of a process
+      whose inter-op pool is shared by every device, so any of its
+      inter-op threads may run any device's op
+      (`research.concurrency_probe` measures this): pass that pool's size.
 
   Returns:
     A `ScheduleResult` (utilization and device_load per device).
@@ -412,6 +423,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   _check_count("num_microbatches", num_microbatches, 1)
   _check_count("num_steps", num_steps, 2)
   _check_count("threads_per_device", threads_per_device, 1)
+  _check_count("ops_per_device", ops_per_device, 1)
   speedup = thread_speedup(threads_per_device, thread_efficiency)
   device_of = _check_devices(module_devices, num_modules)
   num_devices = max(device_of) + 1
@@ -448,7 +460,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   size = len(template)
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
-      num_steps + num_steps // 2)
+      num_steps + num_steps // 2, ops_per_device)
 
   done = [max(finish[t * size + i] for i in range(size))
           for t in range(num_steps)]

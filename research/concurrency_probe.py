@@ -1,0 +1,161 @@
+r"""How ops on simulated devices really share the cores: a measurement.
+
+  python -m research.concurrency_probe \
+      --out=docs/results/model_validation/concurrency_probe.json
+
+The schedule model (`tf_interlock.schedule`) assumes that a device runs one
+op at a time and that ops on different devices run at full speed side by
+side, each on its own core. Simulated devices are logical CPUs of one
+process whose thread pools are process-wide
+(`placement.configure_simulated_devices`): any inter-op thread may run any
+device's op. This probe times, in a process set up as --devices logical CPUs
+of --intra_op_threads threads with --devices inter-op threads (the
+benchmark's plans), one chain of --layers Dense(width) forward ops on a
+batch:
+
+* alone: the chain on device 0;
+* two_devices: the chain on device 0 and an independent copy on device 1 in
+  one tf.function (the model: as fast as alone, if cores are free);
+* one_device: both chains on device 0 (the model: twice alone).
+
+The ratios to `alone` say how far each assumption holds on this host: 1.0
+is "at once, at full speed", 2.0 is "one after the other". Each time is the
+median of --repeats calls after 2 warm-ups, for each batch of --batches
+(the full batch and its microbatches).
+"""
+
+# First: quiets TF's logging before TensorFlow loads (see runtime_env).
+from train import runtime_env  # pylint: disable=unused-import
+
+import json
+import platform
+import sys
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+from tf_interlock import paths
+from tf_interlock import placement
+from train import config as config_lib
+from train import error_boundary
+
+_DEVICES = flags.DEFINE_integer("devices", 2, "Logical CPUs (>= 2).")
+_INTRA = flags.DEFINE_integer("intra_op_threads", 1,
+                              "Intra-op threads of the process (>= 1).")
+_WIDTH = flags.DEFINE_integer("width", 1024, "Dense width (>= 1).")
+_LAYERS = flags.DEFINE_integer("layers", 2, "Dense layers per chain (>= 1).")
+_BATCHES = flags.DEFINE_list("batches", ["512", "256", "128", "64"],
+                             "Batch sizes to time (each >= 1).")
+_REPEATS = flags.DEFINE_integer("repeats", 15, "Timed calls per case (>= 1).")
+_OP = flags.DEFINE_enum(
+    "op", "matmul", ["matmul", "softmax"],
+    "The chain's op: matmul (Dense + relu, as the MLP) or softmax (softmax "
+    "and a mean over the last axis, the elementwise and reduction work of "
+    "attention and LayerNorm, no matmul).")
+_OUT = flags.DEFINE_string("out", None,
+                           "Also write the JSON report to this file.")
+
+
+def _median_s(fn, repeats):
+  fn()
+  fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    tf.nest.map_structure(lambda t: t.numpy(), fn())
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def _chain(x, weights, op):
+  for w in weights:
+    if op == "matmul":
+      x = tf.nn.relu(tf.matmul(x, w))
+    else:  # Same number of steps, no weights used: 8 softmax-and-mean.
+      for _ in range(8):
+        x = tf.nn.softmax(x) - tf.reduce_mean(x, axis=-1, keepdims=True)
+  return x
+
+
+def probe(devices, batch, width, layers, repeats, op="matmul"):
+  """{case: seconds} for one batch size (see the module docstring)."""
+  rng = np.random.default_rng(0)
+  made = {}
+  for d in (0, 1):
+    with tf.device(devices[d]):
+      made[d] = ([tf.Variable(rng.normal(size=(width, width)).astype(
+          "float32") / width ** 0.5) for _ in range(layers)],
+                 tf.constant(rng.normal(size=(batch, width)).astype("float32")))
+  (w0, x0), (w1, x1) = made[0], made[1]
+
+  @tf.function(autograph=False)
+  def alone():
+    with tf.device(devices[0]):
+      return _chain(x0, w0, op)
+
+  @tf.function(autograph=False)
+  def two_devices():
+    with tf.device(devices[0]):
+      a = _chain(x0, w0, op)
+    with tf.device(devices[1]):
+      b = _chain(x1, w1, op)
+    return a, b
+
+  @tf.function(autograph=False)
+  def one_device():
+    with tf.device(devices[0]):
+      return _chain(x0, w0, op), _chain(x1, w0, op)
+
+  return {name: _median_s(fn, repeats) for name, fn in (
+      ("alone", alone), ("two_devices", two_devices),
+      ("one_device", one_device))}
+
+
+def validate():
+  check = config_lib.check_number
+  check("devices", _DEVICES.value, minimum=2, integer=True)
+  for flag in (_INTRA, _WIDTH, _LAYERS, _REPEATS):
+    check(flag.name, flag.value, minimum=1, integer=True)
+  if not _BATCHES.value or not all(b.isdigit() and int(b) >= 1
+                                   for b in _BATCHES.value):
+    config_lib.fail("batches", ",".join(_BATCHES.value),
+                    "must list ints >= 1")
+
+
+@error_boundary.guard()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  validate()
+  devices = placement.configure_simulated_devices(
+      _DEVICES.value, intra_op_threads=_INTRA.value)
+  rows = {}
+  for batch in map(int, _BATCHES.value):
+    times = probe(devices, batch, _WIDTH.value, _LAYERS.value,
+                  _REPEATS.value, _OP.value)
+    rows[batch] = dict(
+        {f"{k}_ms": round(1e3 * v, 3) for k, v in times.items()},
+        two_devices_ratio=round(times["two_devices"] / times["alone"], 3),
+        one_device_ratio=round(times["one_device"] / times["alone"], 3))
+  report = {"command": " ".join(["python -m research.concurrency_probe"] +
+                                sys.argv[1:]),
+            "host": platform.node(), "onednn": runtime_env.onednn_state(),
+            "devices": _DEVICES.value, "intra_op_threads": _INTRA.value,
+            "inter_op_threads": tf.config.threading
+            .get_inter_op_parallelism_threads(),
+            "op": _OP.value, "width": _WIDTH.value, "layers": _LAYERS.value,
+            "repeats": _REPEATS.value, "batches": rows}
+  if _OUT.value:
+    paths.write_atomic(_OUT.value, json.dumps(report, indent=1) + "\n")
+  print("batch | alone ms | two devices ms (ratio) | one device ms (ratio)")
+  for batch, row in rows.items():
+    print(f"{batch} | {row['alone_ms']:.2f} | {row['two_devices_ms']:.2f} "
+          f"({row['two_devices_ratio']:.2f}) | {row['one_device_ms']:.2f} "
+          f"({row['one_device_ratio']:.2f})")
+
+
+if __name__ == "__main__":
+  app.run(main)

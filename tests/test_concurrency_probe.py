@@ -1,0 +1,45 @@
+"""research.concurrency_probe: its report and its one-line flag errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*flags):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+  return subprocess.run(
+      [sys.executable, "-m", "research.concurrency_probe", *flags], cwd=ROOT,
+      env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_report_times_every_case_for_every_batch(tmp_path):
+  out = tmp_path / "probe.json"
+  run = _run("--width=32", "--layers=1", "--batches=8,4", "--repeats=2",
+             f"--out={out}")
+  assert run.returncode == 0, run.stderr
+  report = json.loads(out.read_text())
+  assert report["devices"] == 2 and report["inter_op_threads"] == 2
+  assert sorted(report["batches"]) == ["4", "8"]
+  for row in report["batches"].values():
+    for case in ("alone", "two_devices", "one_device"):
+      assert row[f"{case}_ms"] > 0
+    # The ratios are of the unrounded times (and rounded to 1e-3); the ms
+    # are rounded to 1 us, which moves a ratio by up to this much.
+    alone, two = row["alone_ms"], row["two_devices_ms"]
+    slack = (two / alone) * (1e-3 / alone + 1e-3 / two) + 1e-3
+    assert abs(row["two_devices_ratio"] - two / alone) <= slack
+  assert run.stdout.splitlines()[0].startswith("batch | alone ms")
+
+
+def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
+  out = tmp_path / "probe.json"
+  for flags, received in ((["--devices=1"], "Received: devices=1"),
+                          (["--batches=8,x"], "Received: batches='8,x'")):
+    run = _run(*flags, f"--out={out}")
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    assert lines[0].endswith(received), lines[0]
+  assert not out.exists()
