@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tf_interlock import paths
 from tf_interlock import placement
+from tf_interlock import threading_plan
 from train import config as config_lib
 from train import error_boundary
 
@@ -50,6 +51,13 @@ _LAYERS = flags.DEFINE_integer("layers", 2, "Dense layers per chain (>= 1).")
 _BATCHES = flags.DEFINE_list("batches", ["512", "256", "128", "64"],
                              "Batch sizes to time (each >= 1).")
 _REPEATS = flags.DEFINE_integer("repeats", 15, "Timed calls per case (>= 1).")
+_NETWORK = flags.DEFINE_enum(
+    "network", "chain", ["chain", "mlp", "resnet", "lm"],
+    "chain: the --op chains below; mlp, resnet, lm: the model validation's "
+    "networks at K = 2 (research.model_validation), where `alone` is module"
+    " 1's forward and weight VJP, and `two_devices` runs module 2's (on its "
+    "input h_1) at the same time on device 1 (one_device: both on device "
+    "0). The ratio to the slower module alone is their contention.")
 _OP = flags.DEFINE_enum(
     "op", "matmul", ["matmul", "softmax"],
     "The chain's op: matmul (Dense + relu, as the MLP) or softmax (softmax "
@@ -114,6 +122,62 @@ def probe(devices, batch, width, layers, repeats, op="matmul"):
       ("one_device", one_device))}
 
 
+# The model validation's networks (research.model_validation.NETWORKS), K = 2
+# modules of 2 layers or blocks each.
+_SPECS = {
+    "mlp": dict(model="mlp", width=1024, batch_size=512),
+    "resnet": dict(model="resnet", preset="resnet20", image_size=28,
+                   channels=1, resnet_aux_head="pool", batch_size=128),
+    "lm": dict(model="lm", batch_size=32),
+}
+
+
+def module_probe(devices, network, repeats):
+  """{case: seconds}: modules 1 and 2 of `network`, forward and weight VJP,
+  alone, side by side on two devices and together on one."""
+  from research import benchmark_lib  # pylint: disable=import-outside-toplevel
+  spec = benchmark_lib.make_spec(num_modules=2, layers_per_module=2,
+                                 **_SPECS[network])
+  # Module k's weights on device k, as in the plan "2x1".
+  trainer = benchmark_lib.build_trainer(
+      spec, "e2e", benchmark_lib.simulated_placement(
+          threading_plan.make_plan(2, 2, _INTRA.value)))
+  x, _ = benchmark_lib.make_batch(spec)
+  first, second = trainer.modules
+  x = tf.convert_to_tensor(x)
+  h = first.body(x, training=False)
+
+  def work(module, inputs, device):
+    with tf.device(device):
+      with tf.GradientTape() as tape:
+        out = module.body(inputs, training=True)
+      return tape.gradient(out, module.body.trainable_variables,
+                           output_gradients=tf.ones_like(out))
+
+  @tf.function(autograph=False)
+  def alone():
+    return work(first, x, devices[0])
+
+  @tf.function(autograph=False)
+  def alone_second():
+    return work(second, h, devices[0])
+
+  @tf.function(autograph=False)
+  def two_devices():
+    return work(first, x, devices[0]), work(second, h, devices[1])
+
+  @tf.function(autograph=False)
+  def one_device():
+    return work(first, x, devices[0]), work(second, h, devices[0])
+
+  times = {name: _median_s(fn, repeats) for name, fn in (
+      ("alone", alone), ("alone_second", alone_second),
+      ("two_devices", two_devices), ("one_device", one_device))}
+  # `alone` is the slower module alone: both at once at full speed take it.
+  times["alone"] = max(times["alone"], times.pop("alone_second"))
+  return times
+
+
 def validate():
   check = config_lib.check_number
   check("devices", _DEVICES.value, minimum=2, integer=True)
@@ -133,9 +197,12 @@ def main(argv):
   devices = placement.configure_simulated_devices(
       _DEVICES.value, intra_op_threads=_INTRA.value)
   rows = {}
-  for batch in map(int, _BATCHES.value):
-    times = probe(devices, batch, _WIDTH.value, _LAYERS.value,
-                  _REPEATS.value, _OP.value)
+  batches = (list(map(int, _BATCHES.value)) if _NETWORK.value == "chain"
+             else [_SPECS[_NETWORK.value]["batch_size"]])
+  for batch in batches:
+    times = (probe(devices, batch, _WIDTH.value, _LAYERS.value,
+                   _REPEATS.value, _OP.value) if _NETWORK.value == "chain"
+             else module_probe(devices, _NETWORK.value, _REPEATS.value))
     rows[batch] = dict(
         {f"{k}_ms": round(1e3 * v, 3) for k, v in times.items()},
         two_devices_ratio=round(times["two_devices"] / times["alone"], 3),
@@ -146,7 +213,7 @@ def main(argv):
             "devices": _DEVICES.value, "intra_op_threads": _INTRA.value,
             "inter_op_threads": tf.config.threading
             .get_inter_op_parallelism_threads(),
-            "op": _OP.value, "width": _WIDTH.value, "layers": _LAYERS.value,
+            "network": _NETWORK.value, "op": _OP.value, "width": _WIDTH.value, "layers": _LAYERS.value,
             "repeats": _REPEATS.value, "batches": rows}
   if _OUT.value:
     paths.write_atomic(_OUT.value, json.dumps(report, indent=1) + "\n")

@@ -85,6 +85,13 @@ _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace this tool's files in --out_dir "
     "(predictions.json, measured.json, report.md).")
 
+_REPREDICT = flags.DEFINE_string(
+    "repredict_from", None, "Time nothing: take the op costs and the "
+    "measured cells of an earlier run's folder, predict every cell again "
+    "with today's model and write predictions.json (marked in_sample: the "
+    "measurements were seen before this model) and report.md to --out_dir. "
+    "For comparing model versions on the same measurements.")
+
 FILES = ("predictions.json", "measured.json", "report.md")
 
 
@@ -109,6 +116,12 @@ def validate():
     config_lib.check_number(flag.name, flag.value, minimum=1, integer=True)
   config_lib.check_number("num_cores", _CORES.value, minimum=1, integer=True,
                           allow_none=True)
+  if _REPREDICT.value is not None and not all(
+      os.path.isfile(os.path.join(_REPREDICT.value, f))
+      for f in ("predictions.json", "measured.json")):
+    config_lib.fail("repredict_from", _REPREDICT.value,
+                    "must be a folder holding this tool's predictions.json "
+                    "and measured.json")
   present = [f for f in FILES if os.path.exists(
       os.path.join(_OUT_DIR.value, f))]
   if present and not _OVERWRITE.value:
@@ -174,12 +187,37 @@ def _header():
           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
+def repredict(folder):
+  """Today's model on an earlier run's profiles; its measured cells kept."""
+  with open(os.path.join(folder, "predictions.json")) as f:
+    predictions = json.load(f)
+  with open(os.path.join(folder, "measured.json")) as f:
+    measured = json.load(f)
+  strategies = list(dict.fromkeys(c.split("/")[2] for c in measured["cells"]))
+  for key, group in predictions["groups"].items():
+    group["cells"] = predict_cells(group, key.split("/")[1], strategies)
+  predictions["in_sample"] = (
+      f"re-predicted from {folder} by `--repredict_from` after its cells were "
+      f"timed: in sample")
+  _write("predictions.json", json.dumps(predictions, indent=1) + "\n")
+  report = validation_report.render(predictions, measured)
+  _write("report.md", report.replace(
+      "# Schedule model, validated out of sample",
+      "# Schedule model, re-predicted IN SAMPLE from " + folder +
+      "\n\nToday's model on the op costs profiled before these cells were "
+      "timed; the measurements were seen before this model was written."))
+  print(os.path.join(_OUT_DIR.value, "report.md"))
+
+
 @error_boundary.guard()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   validate()
   os.makedirs(_OUT_DIR.value, exist_ok=True)
+  if _REPREDICT.value:
+    repredict(_REPREDICT.value)
+    return
   strategies = list(dict.fromkeys(_STRATEGIES.value))
   groups = [(n, p) for n in _NETWORKS.value for p in _PLANS.value]
   predictions = dict(_header(), groups={})

@@ -43,3 +43,15 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
     assert run.returncode == 1 and len(lines) == 1, run.stderr
     assert lines[0].endswith(received), lines[0]
   assert not out.exists()
+
+
+def test_network_modules_are_timed_alone_and_side_by_side(tmp_path):
+  out = tmp_path / "probe.json"
+  run = _run("--network=mlp", "--repeats=1", f"--out={out}")
+  assert run.returncode == 0, run.stderr
+  report = json.loads(out.read_text())
+  assert report["network"] == "mlp" and list(report["batches"]) == ["512"]
+  row = report["batches"]["512"]
+  # Two modules' work at once takes at least the slower one's alone (less
+  # a little timing noise), whatever the contention.
+  assert row["two_devices_ms"] > 0.5 * row["alone_ms"] > 0

@@ -128,3 +128,29 @@ def test_report_refuses_a_cell_without_prediction():
   measured["cells"]["mlp/2x1/2wise"] = measured["cells"]["mlp/2x1/e2e"]
   with pytest.raises(ValueError, match="Received: cell='mlp/2x1/2wise'"):
     validation_report.rows(predictions, measured)
+
+
+def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  predictions, measured = _results()
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "predictions.json").write_text(json.dumps(predictions))
+  (old / "measured.json").write_text(json.dumps(measured))
+  new = tmp_path / "new"
+  proc = _run(f"--out_dir={new}", f"--repredict_from={old}")
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  again = json.loads((new / "predictions.json").read_text())
+  assert "in sample" in again["in_sample"]
+  cells = again["groups"]["mlp/2x1"]["cells"]
+  # Today's model on the stored costs (2 ms forward, 1 ms each VJP, ...),
+  # not the hand-written 10 ms and 5 ms of the old file.
+  assert sorted(cells) == ["e2e", "local"]
+  assert cells["e2e"]["predicted_step_s"] != 0.010
+  assert cells["local"]["predicted_step_s"] < cells["e2e"]["predicted_step_s"]
+  report = (new / "report.md").read_text()
+  assert report.startswith("# Schedule model, re-predicted IN SAMPLE from")
+  assert not (new / "measured.json").exists()
+  # The earlier run's files are read, never changed.
+  assert json.loads((old / "measured.json").read_text()) == measured
