@@ -288,7 +288,8 @@ def report(rows, predicted, link, prof):
         f"| {cell} | {fmt(c)} | {pc:.2f} | {fmt(c and pc / c)} | {fmt(s)} | "
         f"{ps:.2f} | {fmt(s and ps / s)} | {fmt(c and s and c / s)} |")
   lines += ["", "Op costs per module, ms [forward, input VJP, weight VJP, "
-            "aux, update]: " + json.dumps(prof["costs_ms"])]
+            "aux, update, fused VJP, accumulate]: " +
+            json.dumps(prof["costs_ms"])]
   return "\n".join(lines) + "\n"
 
 
