@@ -43,10 +43,12 @@ from tf_interlock import threading_plan
 from train import config as config_lib
 from train import error_boundary
 
-_DEVICES = flags.DEFINE_integer("devices", 2, "Logical CPUs (>= 2).")
+_DEVICES = flags.DEFINE_integer(
+    "devices", 2, "Logical CPU devices of the process (>= 2).")
 _INTRA = flags.DEFINE_integer("intra_op_threads", 1,
                               "Intra-op threads of the process (>= 1).")
-_WIDTH = flags.DEFINE_integer("width", 1024, "Dense width (>= 1).")
+_WIDTH = flags.DEFINE_integer(
+    "width", 1024, "Width of every Dense layer of a chain (>= 1).")
 _LAYERS = flags.DEFINE_integer("layers", 2, "Dense layers per chain (>= 1).")
 _BATCHES = flags.DEFINE_list("batches", ["512", "256", "128", "64"],
                              "Batch sizes to time (each >= 1).")
