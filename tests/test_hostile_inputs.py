@@ -473,6 +473,14 @@ def test_the_boundary_describes_expected_faults_only():
   assert error_boundary.describe(graph) == (
       "InvalidArgumentError: Matrix size-incompatible: In[0]: [32,784], "
       "In[1]: [32,256]")
+  # Our lines name paths of ~200 chars under Bazel and end with the fix:
+  # a long one is cut in its middle, keeping both ends.
+  long_line = "--a=" + "/p" * 1500 + " gives (8, 16) int32; pass the flags"
+  cut = error_boundary.describe(ValueError(long_line))
+  assert len(cut) <= 2000 and " ... " in cut
+  assert cut.startswith("--a=/p/p") and cut.endswith(
+      "gives (8, 16) int32; pass the flags")
+  assert error_boundary.describe(ValueError("x" * 2000)) == "x" * 2000
   assert error_boundary.describe(TypeError("a bug")) is None
   assert error_boundary.describe(KeyError("a bug")) is None
 

@@ -41,8 +41,11 @@ import tensorflow as tf
 
 from train import actions
 
-# The message of one line is cut here: a path or a TF status stays readable.
-_MAX_CHARS = 600
+# A longer line is cut in its middle: TF's statuses can run to many kB, while
+# our own lines name up to four paths (a Bazel sandbox's run ~200 chars each)
+# and end with what to do, so the head and the tail are both kept.
+_MAX_CHARS = 2000
+_TAIL_CHARS = 500
 
 
 class Terminated(BaseException):
@@ -72,7 +75,10 @@ def first_line(text):
              line.strip() != "<stack traces unavailable>"] or lines
   line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
                 lines[0].strip() if lines else "")
-  return line if len(line) <= _MAX_CHARS else line[:_MAX_CHARS - 3] + "..."
+  if len(line) <= _MAX_CHARS:
+    return line
+  return (line[:_MAX_CHARS - _TAIL_CHARS - 5] + " ... " +
+          line[-_TAIL_CHARS:])
 
 
 def _os_error_line(e):
