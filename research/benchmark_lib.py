@@ -248,21 +248,22 @@ def run_fit(spec, name, placement):
 
 
 def predict(costs, name, num_cores, threads=1, module_devices=None,
-            microbatch_costs=None, ops_per_device=1):
+            microbatch_costs=None, ops_per_device=1, contention=1.0):
   """The schedule model's step seconds for strategy cell `name`, from op
   costs measured under `threads` intra-op threads: an op holds `threads`
   cores, with no further speedup (efficiency 0), as its cost already has
   it. microbatch_costs: {M: costs measured on batch / M} (see
   `schedule.simulate`); a cell whose M is missing scales `costs` by 1/M.
   ops_per_device: see `schedule.simulate`; a simulated plan's process runs
-  any device's ops on its inter-op pool of D threads, so pass D there."""
+  any device's ops on its inter-op pool of D threads, so pass D there.
+  contention: see `schedule.simulate` (`research.concurrency_probe`)."""
   strategy, microbatches = parse_cell(name)
   return schedule.simulate(
       costs, strategy, num_microbatches=microbatches, num_cores=num_cores,
       threads_per_device=threads, module_devices=module_devices,
       thread_efficiency=0.0,
       microbatch_costs=(microbatch_costs or {}).get(microbatches),
-      ops_per_device=ops_per_device).step_time
+      ops_per_device=ops_per_device, contention=contention).step_time
 
 
 def measure_strategies(spec, strategies, placement, num_cores, threads=1,
@@ -356,10 +357,10 @@ def add_speedups(rows, e2e_row, plain_step_s):
                                   row["measured_step_s"])
 
 
-def run_child(args, module="research.benchmark"):
+def run_child(args, module="research.benchmark", report=True):
   """Runs `python -m <module> *args` in a child process (its own thread
   pools) from the repository root; its JSON report (the last line of its
-  output).
+  output), or None without `report` (a child that writes its own file).
 
   Raises:
     RuntimeError: with the child's last line of stderr when it failed.
@@ -374,7 +375,7 @@ def run_child(args, module="research.benchmark"):
     lines = proc.stderr.strip().splitlines() or ["(no output)"]
     raise RuntimeError(f"{module} {' '.join(args[3:])} failed "
                        f"(rc {proc.returncode}): {lines[-1]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1]) if report else None
 
 
 def threading_state():

@@ -19,7 +19,10 @@ batch:
 * one_device: both chains on device 0 (the model: twice alone).
 
 The ratios to `alone` say how far each assumption holds on this host: 1.0
-is "at once, at full speed", 2.0 is "one after the other". Each time is the
+is "at once, at full speed", 2.0 is "one after the other". `contention` is
+the factor c of `schedule.slowdown` that explains `two_devices` under
+processor sharing (`contention_factor`); `research.model_validation`
+passes it to the schedule model. Each time is the
 median of --repeats calls after 2 warm-ups, for each batch of --batches
 (the full batch and its microbatches).
 """
@@ -177,8 +180,27 @@ def module_probe(devices, network, repeats):
       ("alone", alone), ("alone_second", alone_second),
       ("two_devices", two_devices), ("one_device", one_device))}
   # `alone` is the slower module alone: both at once at full speed take it.
-  times["alone"] = max(times["alone"], times.pop("alone_second"))
+  first, second = times["alone"], times.pop("alone_second")
+  times["alone"], times["faster_alone"] = max(first, second), min(first,
+                                                                  second)
   return times
+
+
+def contention_factor(slower_s, faster_s, together_s):
+  """The c of `schedule.slowdown` that explains two ops' measured times.
+
+  Processor sharing: both run c times slower until the faster one ends at
+  c * faster_s, then the slower one's remaining slower_s - faster_s runs
+  alone, so together_s = slower_s + (c - 1) * faster_s.
+
+  Args:
+    slower_s, faster_s: each op alone (seconds).
+    together_s: both at once on two devices.
+
+  Returns:
+    c >= 1 (1 when together was no slower than the slower op alone).
+  """
+  return max(1.0, 1.0 + (together_s - slower_s) / faster_s)
 
 
 def validate():
@@ -209,7 +231,11 @@ def main(argv):
     rows[batch] = dict(
         {f"{k}_ms": round(1e3 * v, 3) for k, v in times.items()},
         two_devices_ratio=round(times["two_devices"] / times["alone"], 3),
-        one_device_ratio=round(times["one_device"] / times["alone"], 3))
+        one_device_ratio=round(times["one_device"] / times["alone"], 3),
+        # The schedule model's `contention` for this network and batch.
+        contention=round(contention_factor(
+            times["alone"], times.get("faster_alone", times["alone"]),
+            times["two_devices"]), 3))
   report = {"command": " ".join(["python -m research.concurrency_probe"] +
                                 sys.argv[1:]),
             "host": platform.node(), "onednn": runtime_env.onednn_state(),
@@ -220,11 +246,12 @@ def main(argv):
             "repeats": _REPEATS.value, "batches": rows}
   if _OUT.value:
     paths.write_atomic(_OUT.value, json.dumps(report, indent=1) + "\n")
-  print("batch | alone ms | two devices ms (ratio) | one device ms (ratio)")
+  print("batch | alone ms | two devices ms (ratio) | one device ms (ratio) "
+        "| contention")
   for batch, row in rows.items():
     print(f"{batch} | {row['alone_ms']:.2f} | {row['two_devices_ms']:.2f} "
           f"({row['two_devices_ratio']:.2f}) | {row['one_device_ms']:.2f} "
-          f"({row['one_device_ratio']:.2f})")
+          f"({row['one_device_ratio']:.2f}) | {row['contention']:.2f}")
 
 
 if __name__ == "__main__":

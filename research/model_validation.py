@@ -6,7 +6,10 @@ For every network and threading plan of the grid, in this order:
 
 1. Profile: `research.benchmark --role=profile` measures each module's op
    costs in a process of its own (no strategy is timed there), as the
-   median of --repetitions full measurements, with their range.
+   median of --repetitions full measurements, with their range; and
+   `research.concurrency_probe --network=X`, in another, how much two
+   modules' ops slow each other when they run at once (the model's
+   `contention`), unless --contention_from names earlier probe reports.
 2. Predict: the schedule model turns those costs into each strategy's step
    time on the plan (and, from the cheapest and dearest costs, a range).
    Every prediction of the grid is written to predictions.json before any
@@ -85,6 +88,16 @@ _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace this tool's files in --out_dir "
     "(predictions.json, measured.json, report.md).")
 
+_CONTENTION_FROM = flags.DEFINE_string(
+    "contention_from", None, "Folder of research.concurrency_probe reports "
+    "named <network>.json (their `contention` feeds the model) instead of "
+    "probing each network before predicting (into <out_dir>/"
+    "concurrency_probe/). With --repredict_from and no folder, or with "
+    "--contention_from=none, the model has no contention (c = 1, v3).")
+_PROBE_REPEATS = flags.DEFINE_integer(
+    "probe_repeats", 9, "Timed calls (>= 1) of each case of the "
+    "concurrency probe; their median is used.")
+
 _REPREDICT = flags.DEFINE_string(
     "repredict_from", None, "Time nothing: take the op costs and the "
     "measured cells of an earlier run's folder, predict every cell again "
@@ -112,7 +125,7 @@ def validate():
       config_lib.fail("strategies", ",".join(_STRATEGIES.value),
                       f"{name!r} is not e2e, local, 2wise or 3wise, with an "
                       f"optional -mM, 1 <= M <= 32")
-  for flag in (_STEPS, _STEPS_PER_LOOP, _REPETITIONS):
+  for flag in (_STEPS, _STEPS_PER_LOOP, _REPETITIONS, _PROBE_REPEATS):
     config_lib.check_number(flag.name, flag.value, minimum=1, integer=True)
   config_lib.check_number("num_cores", _CORES.value, minimum=1, integer=True,
                           allow_none=True)
@@ -122,6 +135,18 @@ def validate():
     config_lib.fail("repredict_from", _REPREDICT.value,
                     "must be a folder holding this tool's predictions.json "
                     "and measured.json")
+  folder = _CONTENTION_FROM.value
+  if folder not in (None, "none"):
+    networks = _NETWORKS.value
+    if _REPREDICT.value is not None:  # The earlier run's networks.
+      with open(os.path.join(_REPREDICT.value, "predictions.json")) as f:
+        networks = {key.split("/")[0] for key in json.load(f)["groups"]}
+    missing = [n for n in sorted(networks)
+               if not os.path.isfile(os.path.join(folder, f"{n}.json"))]
+    if missing:
+      config_lib.fail("contention_from", folder,
+                      f"must be a folder holding research.concurrency_probe "
+                      f"reports {', '.join(n + '.json' for n in missing)}")
   present = [f for f in FILES if os.path.exists(
       os.path.join(_OUT_DIR.value, f))]
   if present and not _OVERWRITE.value:
@@ -147,9 +172,38 @@ def _cores():
   return _CORES.value or threading_plan.host_cores()
 
 
-def predict_cells(profile, plan, strategies):
+def contention(network, folder):
+  """(c, source) for `network`: the `contention` of its probe report in
+  `folder`, or (1.0, "none") without a folder."""
+  if folder in (None, "none"):
+    return 1.0, "none"
+  path = os.path.join(folder, f"{network}.json")
+  with open(path) as f:
+    rows = json.load(f)["batches"]
+  row = next(iter(rows.values()))
+  if "contention" not in row:
+    raise ValueError(f"--contention_from={folder}: {path} predates the "
+                     f"probe's `contention`; run research.concurrency_probe"
+                     f" --network={network} again")
+  return float(row["contention"]), path
+
+
+def probe_contention(network):
+  """Runs research.concurrency_probe for `network` in a process of its own,
+  into <out_dir>/concurrency_probe/<network>.json."""
+  folder = os.path.join(_OUT_DIR.value, "concurrency_probe")
+  os.makedirs(folder, exist_ok=True)
+  benchmark_lib.run_child(
+      [f"--network={network}", f"--repeats={_PROBE_REPEATS.value}",
+       "--out=" + os.path.join(folder, f"{network}.json")],
+      module="research.concurrency_probe", report=False)
+  return contention(network, folder)
+
+
+def predict_cells(profile, plan, strategies, factor=1.0):
   """{strategy: {predicted_step_s, predicted_min_s, predicted_max_s}} from a
-  profile report (costs in ms: median, min and max over repetitions)."""
+  profile report (costs in ms: median, min and max over repetitions) and the
+  network's contention `factor`."""
   k, devices, threads = PLANS[plan]
   module_devices = threading_plan.make_plan(k, devices, threads).module_devices
   micro = profile.get("microbatch_costs_ms", {})
@@ -164,7 +218,7 @@ def predict_cells(profile, plan, strategies):
         # (placement.configure_simulated_devices), which runs any device's
         # ops: research.concurrency_probe measured two chains on one device
         # at 1.00-1.07x of one alone.
-        ops_per_device=devices)
+        ops_per_device=devices, contention=factor)
               for key in ("module_costs_ms", "module_costs_min_ms",
                           "module_costs_max_ms")]
     cells[name] = {"predicted_step_s": values[0],
@@ -195,7 +249,11 @@ def repredict(folder):
     measured = json.load(f)
   strategies = list(dict.fromkeys(c.split("/")[2] for c in measured["cells"]))
   for key, group in predictions["groups"].items():
-    group["cells"] = predict_cells(group, key.split("/")[1], strategies)
+    network, plan = key.split("/")
+    group["contention"], group["contention_source"] = contention(
+        network, _CONTENTION_FROM.value)
+    group["cells"] = predict_cells(group, plan, strategies,
+                                   group["contention"])
   predictions["in_sample"] = (
       f"re-predicted from {folder} by `--repredict_from` after its cells were "
       f"timed: in sample")
@@ -221,6 +279,13 @@ def main(argv):
   strategies = list(dict.fromkeys(_STRATEGIES.value))
   groups = [(n, p) for n in _NETWORKS.value for p in _PLANS.value]
   predictions = dict(_header(), groups={})
+  factors = {}
+  for network in _NETWORKS.value:
+    if _CONTENTION_FROM.value is None:
+      print(f"probing {network}'s contention", file=sys.stderr, flush=True)
+      factors[network] = probe_contention(network)
+    else:
+      factors[network] = contention(network, _CONTENTION_FROM.value)
   for network, plan in groups:
     print(f"profiling {network} on {plan}", file=sys.stderr, flush=True)
     microbatches = sorted({benchmark_lib.parse_cell(name)[1]
@@ -229,7 +294,9 @@ def main(argv):
                          [f"--repetitions={_REPETITIONS.value}",
                           "--microbatches=" + ",".join(map(str, microbatches))])
     predictions["groups"][f"{network}/{plan}"] = dict(
-        profile, cells=predict_cells(profile, plan, strategies))
+        profile, contention=factors[network][0],
+        contention_source=factors[network][1],
+        cells=predict_cells(profile, plan, strategies, factors[network][0]))
   # Every prediction is on disk before the first timed run.
   _write("predictions.json", json.dumps(predictions, indent=1) + "\n")
   measured = dict(_header(), cells={})

@@ -118,6 +118,9 @@ def render(predictions, measured):
           f"[{_ms(r['predicted_min_s'])}-{_ms(r['predicted_max_s'])}] | "
           f"{_ms(r['measured_step_s'])} [{_ms(r['measured_min_s'])}-"
           f"{_ms(r['measured_max_s'])}] | {r['ratio']:.2f}{flag} |")
+    if "contention" in group:
+      lines += ["", f"Contention c = {group['contention']:.3f} (from "
+                f"{group['contention_source']}; 1: none, model v3)."]
     lines += ["", "Op costs, ms per full batch:", ""] + _cost_lines(group)
     lines += _microbatch_lines(group)
     lines.append("")

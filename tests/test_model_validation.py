@@ -32,6 +32,8 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
        "Received: strategies='e2e,e2e-m0'"),
       (["--steps=0"], "steps", "Received: steps=0"),
       ([f"--out_dir={kept}"], "out_dir", f"Received: out_dir='{kept}'"),
+      ([f"--contention_from={kept}", "--networks=mlp"], "contention_from",
+       f"Received: contention_from='{kept}'"),
   ]
   runs = []
   for i, (flags, name, received) in enumerate(cases):
@@ -154,3 +156,40 @@ def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
   assert not (new / "measured.json").exists()
   # The earlier run's files are read, never changed.
   assert json.loads((old / "measured.json").read_text()) == measured
+  assert again["groups"]["mlp/2x1"]["contention"] == 1.0
+  assert "Contention c = 1.000 (from none" in report
+
+
+def test_repredict_with_a_probe_contention_slows_overlapping_cells(
+    tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  predictions, measured = _results()
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "predictions.json").write_text(json.dumps(predictions))
+  (old / "measured.json").write_text(json.dumps(measured))
+  probes = tmp_path / "probes"
+  probes.mkdir()
+  (probes / "mlp.json").write_text(json.dumps(
+      {"network": "mlp", "batches": {"512": {"contention": 1.5}}}))
+  runs = {}
+  for name, extra in (("none", []), ("probe", [f"--contention_from={probes}"])):
+    proc = _run(f"--out_dir={tmp_path / name}", f"--repredict_from={old}",
+                *extra)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    runs[name] = json.loads((tmp_path / name / "predictions.json").read_text(
+    ))["groups"]["mlp/2x1"]
+  assert runs["probe"]["contention"] == 1.5
+  assert runs["probe"]["contention_source"] == str(probes / "mlp.json")
+  without, with_c = (runs[n]["cells"]["local"]["predicted_step_s"]
+                     for n in ("none", "probe"))
+  # Local at K = 2 overlaps its two modules: slower, at most 1.5x.
+  assert without < with_c <= 1.5 * without + 1e-12
+  # The model of the cell equals the schedule model's with that factor.
+  costs = benchmark_lib.costs_from_ms(predictions["groups"]["mlp/2x1"][
+      "module_costs_ms"])
+  assert with_c == pytest.approx(benchmark_lib.predict(
+      costs, "local", 2, 1, (0, 1), ops_per_device=2, contention=1.5))
+  report = (tmp_path / "probe" / "report.md").read_text()
+  assert f"Contention c = 1.500 (from {probes / 'mlp.json'}" in report

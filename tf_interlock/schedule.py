@@ -4,8 +4,12 @@ Module k runs on device k (or on the device `module_devices[k]` names: one
 device may hold several modules), one op at a time per device. Each device
 has `threads_per_device` = t intra-op threads: an op holds t cores while it
 runs and its one-thread cost shrinks by `thread_speedup(t, efficiency)`; at
-most `num_cores` cores are held at once overall. One training step t, split into M microbatches, is the DAG
-the training engine executes (keys lo come from `routing.make_plan`):
+most `num_cores` cores are held at once overall. Ops that run at once
+share the memory bandwidth: with `contention` c, each of r ops at once runs
+1 + (c - 1)(r - 1) times slower (processor sharing; c per network is
+measured by `research.concurrency_probe`, 1 = no contention). One training
+step t, split into M microbatches, is the DAG the training engine executes
+(keys lo come from `routing.make_plan`):
 
 * F_k(t,m): forward of module k (the final loss is inside F_{K-1}); needs
   F_{k-1}(t,m) and U_k(t-1), the update that wrote the weights it reads.
@@ -276,13 +280,27 @@ def _steady_window(done):
   return len(gaps), done[-1] - done[0]
 
 
+def slowdown(running, contention):
+  """How much slower each of `running` ops at once runs than alone.
+
+  Ops on different cores share the memory bandwidth: element-wise and
+  reduction work (bias, ReLU, BatchNorm, LayerNorm, softmax) and the
+  gradients' traffic slow down when another op runs beside them.
+  `research.concurrency_probe` measures c, the factor of two ops at once;
+  each further op adds c - 1 again: 1 + (c - 1)(r - 1) for r ops (1 alone).
+  """
+  return 1.0 + (contention - 1.0) * max(running - 1, 0)
+
+
 def _run(template, num_modules, device_of, num_cores, threads, num_steps,
-         ops_per_device=1):
+         ops_per_device=1, contention=1.0):
   """List-schedules `num_steps` copies of the step template.
 
   Op id = step * len(template) + template index. Module k's ops run on
   device device_of[k], at most `ops_per_device` at once; each op holds
-  `threads` of the `num_cores` cores.
+  `threads` of the `num_cores` cores. Processor sharing: while r compute
+  ops run, each does its work `slowdown(r, contention)` times slower, so
+  an op's remaining work, not its finish time, is tracked.
 
   Returns:
     (start, finish, blocker): per op id, its start and finish time and the op
@@ -302,6 +320,8 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
   num_devices = max(device_of) + 1
   queues = [[] for _ in range(num_devices)]  # Per device: (priority, op id).
   ready_at, ready_by = {}, {}
+  # Work left below this counts as done: ops ending within it end together.
+  tolerance = 1e-12 * max([op.cost for op in template] + [1.0])
 
   def release(op_id, now, by):
     t, i = divmod(op_id, size)
@@ -309,12 +329,13 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
     ready_at[op_id], ready_by[op_id] = now, by
     if op.kind in _TRANSFER:  # A delay on the edge: starts at once.
       start[op_id], blocker[op_id] = now, by
-      heapq.heappush(events, (now + op.cost, op_id))
+      heapq.heappush(delays, (now + op.cost, op_id))
       return
     priority = (t, op.microbatch, _RANK[op.kind], -op.module, op.key)
     heapq.heappush(queues[device_of[op.module]], (priority, op_id))
 
-  events, free_cores = [], num_cores
+  delays, free_cores = [], num_cores  # delays: (end, transfer op id).
+  running = {}  # Compute op id -> its work left (seconds alone).
   free_slots = [ops_per_device] * num_devices
   start, finish, blocker = {}, {}, {}
   for i, op in enumerate(template):
@@ -340,15 +361,23 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
         blocker[op_id] = previous
       else:
         blocker[op_id] = last_done
-      heapq.heappush(events, (now + template[op_id % size].cost, op_id))
-    if not events:
+      running[op_id] = template[op_id % size].cost
+    if not running and not delays:
       return start, finish, blocker
-    now = events[0][0]
-    while events and events[0][0] == now:  # Retire every op ending now.
-      _, op_id = heapq.heappop(events)
+    rate = 1.0 / slowdown(len(running), contention)
+    ends = [now + min(running.values()) / rate] if running else []
+    now_next = min(ends + [delays[0][0]] if delays else ends)
+    for op_id in running:
+      running[op_id] -= (now_next - now) * rate
+    now = now_next
+    ended = [op_id for op_id, left in running.items() if left <= tolerance]
+    while delays and delays[0][0] <= now:
+      ended.append(heapq.heappop(delays)[1])
+    for op_id in sorted(ended):  # Retire every op ending now.
       t, i = divmod(op_id, size)
       finish[op_id] = now
       if template[i].kind not in _TRANSFER:
+        del running[op_id]
         k = device_of[template[i].module]
         last_on_device[k], last_done = op_id, op_id
         free_slots[k] += 1
@@ -380,7 +409,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
              num_cores=None, num_steps=48, has_aux=None, threads_per_device=1,
              module_devices=None, thread_efficiency=1.0,
              transfers=None, microbatch_costs=None,
-             ops_per_device=1) -> ScheduleResult:
+             ops_per_device=1, contention=1.0) -> ScheduleResult:
   """Simulates `num_steps` training steps and measures the steady state.
 
   Another num_steps // 2 steps run after them, so that the measured second
@@ -411,6 +440,9 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       whose inter-op pool is shared by every device, so any of its
       inter-op threads may run any device's op
       (`research.concurrency_probe` measures this): pass that pool's size.
+    contention: c >= 1, how much slower each of two ops runs when they run
+      at once than alone (`slowdown`; `research.concurrency_probe` measures
+      it per network). 1: ops on different cores do not slow each other.
 
   Returns:
     A `ScheduleResult` (utilization and device_load per device).
@@ -424,6 +456,10 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   _check_count("num_steps", num_steps, 2)
   _check_count("threads_per_device", threads_per_device, 1)
   _check_count("ops_per_device", ops_per_device, 1)
+  if isinstance(contention, bool) or not (
+      isinstance(contention, (int, float)) and 1.0 <= contention < math.inf):
+    raise ValueError(f"contention must be a number >= 1. "
+                     f"Received: contention={contention!r}")
   speedup = thread_speedup(threads_per_device, thread_efficiency)
   device_of = _check_devices(module_devices, num_modules)
   num_devices = max(device_of) + 1
@@ -460,7 +496,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   size = len(template)
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
-      num_steps + num_steps // 2, ops_per_device)
+      num_steps + num_steps // 2, ops_per_device, contention)
 
   done = [max(finish[t * size + i] for i in range(size))
           for t in range(num_steps)]
