@@ -132,13 +132,20 @@ def test_report_refuses_a_cell_without_prediction():
     validation_report.rows(predictions, measured)
 
 
-def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
+def _earlier_run(tmp_path):
+  """(predictions, measured, folder): `_results()` stored as a run's files."""
   import json  # pylint: disable=import-outside-toplevel
   predictions, measured = _results()
   old = tmp_path / "old"
   old.mkdir()
   (old / "predictions.json").write_text(json.dumps(predictions))
   (old / "measured.json").write_text(json.dumps(measured))
+  return predictions, measured, old
+
+
+def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  predictions, measured, old = _earlier_run(tmp_path)
   new = tmp_path / "new"
   proc = _run(f"--out_dir={new}", f"--repredict_from={old}")
   _, err = proc.communicate(timeout=300)
@@ -163,11 +170,7 @@ def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
 def test_repredict_with_a_probe_contention_slows_overlapping_cells(
     tmp_path):
   import json  # pylint: disable=import-outside-toplevel
-  predictions, measured = _results()
-  old = tmp_path / "old"
-  old.mkdir()
-  (old / "predictions.json").write_text(json.dumps(predictions))
-  (old / "measured.json").write_text(json.dumps(measured))
+  predictions, measured, old = _earlier_run(tmp_path)
   probes = tmp_path / "probes"
   probes.mkdir()
   (probes / "mlp.json").write_text(json.dumps(
