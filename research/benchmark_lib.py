@@ -266,6 +266,21 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
       ops_per_device=ops_per_device, contention=contention).step_time
 
 
+def read_contention(path):
+  """{batch: contention} of a research.concurrency_probe report at `path`,
+  in its order: the network's whole batch first, then its microbatches.
+
+  Raises:
+    ValueError: one line, for a report without it (an older probe's).
+  """
+  with open(path) as f:
+    rows = json.load(f)["batches"]
+  if not all("contention" in row for row in rows.values()):
+    raise ValueError(f"{path} predates the probe's `contention`; run "
+                     f"research.concurrency_probe again")
+  return {int(batch): float(row["contention"]) for batch, row in rows.items()}
+
+
 def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                        module_devices=None, fit=False, costs=True):
   """Times each strategy and asks the schedule model for its step time.

@@ -65,6 +65,10 @@ _LOOP = flags.DEFINE_integer(
 _CLUSTER = flags.DEFINE_string(
     "cluster", None, "Internal, role=cluster: comma-separated host:port of "
     "the workers the parent started.")
+_CONTENTION_FROM = flags.DEFINE_string(
+    "contention_from", None, "A research.concurrency_probe report whose "
+    "`contention` (how much two modules' ops at once slow each other) the "
+    "predictions use; default: none (c = 1).")
 _PROFILE = flags.DEFINE_string(
     "profile", None, "Internal, role=cluster: the profile.json the profile "
     "role wrote, for the predictions.")
@@ -118,6 +122,17 @@ def profile():
                     "boundary_shapes": shapes}), flush=True)
 
 
+def _contention():
+  """c of the schedule model, from --contention_from (1.0 without)."""
+  # pylint: disable=import-outside-toplevel
+  from research import benchmark_lib
+  if _CONTENTION_FROM.value is None:
+    return 1.0
+  # The whole batch's (the report's first): the cells' microbatches differ.
+  return next(iter(benchmark_lib.read_contention(
+      _CONTENTION_FROM.value).values()))
+
+
 def predictions(prof, link):
   """ms/step per cell: cluster (transfer ops) and simulated (none)."""
   # pylint: disable=import-outside-toplevel
@@ -133,6 +148,7 @@ def predictions(prof, link):
     strategy, m = benchmark_lib.parse_cell(name)
     micro = prof.get("microbatch_costs_ms", {}).get(str(m))
     kwargs = dict(num_microbatches=m, num_cores=_cores(_K.value),
+                  contention=_contention(),
                   microbatch_costs=micro and benchmark_lib.costs_from_ms(
                       micro))
     out[name] = {
@@ -168,8 +184,10 @@ def child(role):
     # Written before the first timed cell: the prediction cannot peek.
     path = os.path.join(os.path.dirname(_PROFILE.value), "predictions.json")
     with open(path, "w") as f:
-      json.dump({"link": link, "num_cores": _cores(k), "ms_per_step":
-                 predicted}, f, indent=2)
+      json.dump({"link": link, "num_cores": _cores(k),
+                 "contention": _contention(),
+                 "contention_from": _CONTENTION_FROM.value,
+                 "ms_per_step": predicted}, f, indent=2)
   for name in _STRATEGIES.value:
     stats = {}
     benchmark_lib.run_strategy(_spec(), name,
@@ -186,7 +204,9 @@ def _run_child(role, *extra):
       [sys.executable, "-m", "research.cluster_benchmark", f"--role={role}",
        f"--model={_MODEL.value}", f"--num_workers={_K.value}",
        f"--steps={_STEPS.value}", f"--steps_per_loop={_LOOP.value}",
-       f"--strategies={','.join(_STRATEGIES.value)}", *extra],
+       f"--strategies={','.join(_STRATEGIES.value)}",
+       *([f"--contention_from={_CONTENTION_FROM.value}"]
+         if _CONTENTION_FROM.value else []), *extra],
       capture_output=True, text=True, check=False)
   if proc.returncode:
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
@@ -246,7 +266,7 @@ def _check_out_dir(out):
   open(os.path.join(out, _MARKER), "w").close()
 
 
-def report(rows, predicted, link, prof):
+def report(rows, predicted, link, prof, contention=1.0):
   """report.md's text: measured, predicted and their ratio per cell."""
   k = _K.value
   by = {(r["placement"], r["strategy"]): r["step_ms"]["median"] for r in rows}
@@ -276,7 +296,9 @@ def report(rows, predicted, link, prof):
       f"{1e3 * link['latency_s']:.3f} ms + bytes x "
       f"{1e9 * link['s_per_byte']:.3f} ms/MB (probe: one hop of h_0, "
       f"{link['bytes'] / 1e6:.2f} MB, took {1e3 * link['activation_s']:.3f} "
-      "ms; worker 0 <-> worker 1, medians of 7).", "",
+      "ms; worker 0 <-> worker 1, medians of 7). Contention between ops "
+      f"that run at once: c = {contention:.3f} (`schedule.slowdown`; "
+      f"{_CONTENTION_FROM.value or '1: none'}).", "",
       "| cell | cluster measured | cluster predicted | pred/meas | "
       "simulated measured | simulated predicted | pred/meas | "
       "cluster/simulated measured |", "|---|---|---|---|---|---|---|---|"]
@@ -303,6 +325,8 @@ def parent():
                      f"Received: num_workers={_K.value}")
   out = _OUT.value or os.path.join("docs/results/cluster",
                                    f"{_MODEL.value}_k{_K.value}")
+  if _CONTENTION_FROM.value is not None:
+    _contention()  # A missing or old probe report: one line, first.
   _check_out_dir(out)
   prof = _run_child("profile")[0]
   profile_path = os.path.abspath(os.path.join(out, "profile.json"))
@@ -316,7 +340,8 @@ def parent():
     json.dump({"model": _MODEL.value, "num_workers": _K.value,
                "steps": _STEPS.value, "steps_per_loop": _LOOP.value,
                "cpu_count": os.cpu_count(), "rows": rows}, f, indent=2)
-  text = report(rows, pred["ms_per_step"], pred["link"], prof)
+  text = report(rows, pred["ms_per_step"], pred["link"], prof,
+                pred["contention"])
   with open(os.path.join(out, "report.md"), "w") as f:
     f.write(text)
   print(text)

@@ -21,7 +21,7 @@ batch:
 The ratios to `alone` say how far each assumption holds on this host: 1.0
 is "at once, at full speed", 2.0 is "one after the other". `contention` is
 the factor c of `schedule.slowdown` that explains `two_devices` under
-processor sharing (`contention_factor`); `research.model_validation`
+processor sharing (`schedule.contention_factor`); `research.model_validation`
 passes it to the schedule model. Each time is the
 median of --repeats calls after 2 warm-ups, for each batch of --batches
 (the full batch and its microbatches).
@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from tf_interlock import paths
 from tf_interlock import placement
+from tf_interlock import schedule
 from tf_interlock import threading_plan
 from train import config as config_lib
 from train import error_boundary
@@ -63,6 +64,9 @@ _NETWORK = flags.DEFINE_enum(
     " 1's forward and weight VJP, and `two_devices` runs module 2's (on its "
     "input h_1) at the same time on device 1 (one_device: both on device "
     "0). The ratio to the slower module alone is their contention.")
+_MICROBATCHES = flags.DEFINE_list(
+    "microbatches", [], "With a --network: also probe its modules on one "
+    "microbatch, batch / M, for each M listed (each >= 2).")
 _OP = flags.DEFINE_enum(
     "op", "matmul", ["matmul", "softmax"],
     "The chain's op: matmul (Dense + relu, as the MLP) or softmax (softmax "
@@ -138,9 +142,10 @@ _SPECS = {
 }
 
 
-def module_probe(devices, network, repeats):
+def module_probe(devices, network, repeats, batch=None):
   """{case: seconds}: modules 1 and 2 of `network`, forward and weight VJP,
-  alone, side by side on two devices and together on one."""
+  alone, side by side on two devices and together on one, on the first
+  `batch` examples (default: the network's whole batch)."""
   from research import benchmark_lib  # pylint: disable=import-outside-toplevel
   spec = benchmark_lib.make_spec(num_modules=2, layers_per_module=2,
                                  **_SPECS[network])
@@ -150,7 +155,7 @@ def module_probe(devices, network, repeats):
           threading_plan.make_plan(2, 2, _INTRA.value)))
   x, _ = benchmark_lib.make_batch(spec)
   first, second = trainer.modules
-  x = tf.convert_to_tensor(x)
+  x = tf.convert_to_tensor(x[:batch])
   h = first.body(x, training=False)
 
   def work(module, inputs, device):
@@ -186,23 +191,6 @@ def module_probe(devices, network, repeats):
   return times
 
 
-def contention_factor(slower_s, faster_s, together_s):
-  """The c of `schedule.slowdown` that explains two ops' measured times.
-
-  Processor sharing: both run c times slower until the faster one ends at
-  c * faster_s, then the slower one's remaining slower_s - faster_s runs
-  alone, so together_s = slower_s + (c - 1) * faster_s.
-
-  Args:
-    slower_s, faster_s: each op alone (seconds).
-    together_s: both at once on two devices.
-
-  Returns:
-    c >= 1 (1 when together was no slower than the slower op alone).
-  """
-  return max(1.0, 1.0 + (together_s - slower_s) / faster_s)
-
-
 def validate():
   check = config_lib.check_number
   check("devices", _DEVICES.value, minimum=2, integer=True)
@@ -212,6 +200,9 @@ def validate():
                                    for b in _BATCHES.value):
     config_lib.fail("batches", ",".join(_BATCHES.value),
                     "must list ints >= 1")
+  if not all(m.isdigit() and int(m) >= 2 for m in _MICROBATCHES.value):
+    config_lib.fail("microbatches", ",".join(_MICROBATCHES.value),
+                    "must list ints >= 2")
 
 
 @error_boundary.guard()
@@ -222,18 +213,23 @@ def main(argv):
   devices = placement.configure_simulated_devices(
       _DEVICES.value, intra_op_threads=_INTRA.value)
   rows = {}
-  batches = (list(map(int, _BATCHES.value)) if _NETWORK.value == "chain"
-             else [_SPECS[_NETWORK.value]["batch_size"]])
+  if _NETWORK.value == "chain":
+    batches = list(map(int, _BATCHES.value))
+  else:  # The whole batch first: read_contention's default.
+    whole = _SPECS[_NETWORK.value]["batch_size"]
+    batches = list(dict.fromkeys(
+        [whole] + [whole // int(m) for m in _MICROBATCHES.value]))
   for batch in batches:
     times = (probe(devices, batch, _WIDTH.value, _LAYERS.value,
                    _REPEATS.value, _OP.value) if _NETWORK.value == "chain"
-             else module_probe(devices, _NETWORK.value, _REPEATS.value))
+             else module_probe(devices, _NETWORK.value, _REPEATS.value,
+                               batch))
     rows[batch] = dict(
         {f"{k}_ms": round(1e3 * v, 3) for k, v in times.items()},
         two_devices_ratio=round(times["two_devices"] / times["alone"], 3),
         one_device_ratio=round(times["one_device"] / times["alone"], 3),
         # The schedule model's `contention` for this network and batch.
-        contention=round(contention_factor(
+        contention=round(schedule.contention_factor(
             times["alone"], times.get("faster_alone", times["alone"]),
             times["two_devices"]), 3))
   report = {"command": " ".join(["python -m research.concurrency_probe"] +

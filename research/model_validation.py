@@ -172,45 +172,60 @@ def _cores():
   return _CORES.value or threading_plan.host_cores()
 
 
-def contention(network, folder):
-  """(c, source) for `network`: the `contention` of its probe report in
-  `folder`, or (1.0, "none") without a folder."""
+def contention(network, folder, threads=1):
+  """(by_batch, source): {batch: c} from `network`'s probe report in
+  `folder` for ops of `threads` intra-op threads (<network>.json for one,
+  <network>_intra<t>.json for t); ({}, "none") without a folder, or without
+  a report for t > 1."""
   if folder in (None, "none"):
-    return 1.0, "none"
-  path = os.path.join(folder, f"{network}.json")
-  with open(path) as f:
-    rows = json.load(f)["batches"]
-  row = next(iter(rows.values()))
-  if "contention" not in row:
-    raise ValueError(f"--contention_from={folder}: {path} predates the "
-                     f"probe's `contention`; run research.concurrency_probe"
-                     f" --network={network} again")
-  return float(row["contention"]), path
+    return {}, "none"
+  path = os.path.join(folder, f"{network}.json" if threads == 1 else
+                      f"{network}_intra{threads}.json")
+  if threads > 1 and not os.path.isfile(path):
+    return {}, "none"
+  return benchmark_lib.read_contention(path), path
 
 
-def probe_contention(network):
-  """Runs research.concurrency_probe for `network` in a process of its own,
-  into <out_dir>/concurrency_probe/<network>.json."""
+def probe_contention(network, threads, microbatches):
+  """Runs research.concurrency_probe for `network`'s modules of `threads`
+  intra-op threads (2 devices, on its whole batch and on batch / M for
+  each of `microbatches`) in a process of its own, into
+  <out_dir>/concurrency_probe/."""
   folder = os.path.join(_OUT_DIR.value, "concurrency_probe")
   os.makedirs(folder, exist_ok=True)
+  name = f"{network}.json" if threads == 1 else f"{network}_intra{threads}.json"
   benchmark_lib.run_child(
       [f"--network={network}", f"--repeats={_PROBE_REPEATS.value}",
-       "--out=" + os.path.join(folder, f"{network}.json")],
+       f"--intra_op_threads={threads}",
+       "--microbatches=" + ",".join(map(str, microbatches)),
+       "--out=" + os.path.join(folder, name)],
       module="research.concurrency_probe", report=False)
-  return contention(network, folder)
+  return contention(network, folder, threads)
 
 
-def predict_cells(profile, plan, strategies, factor=1.0):
+def predict_cells(profile, plan, strategies, by_batch=None):
   """{strategy: {predicted_step_s, predicted_min_s, predicted_max_s}} from a
   profile report (costs in ms: median, min and max over repetitions) and the
-  network's contention `factor`."""
+  network's contention per batch size `by_batch` (the whole batch first; a
+  cell of M microbatches takes batch / M's, else the whole batch's; none:
+  c = 1)."""
   k, devices, threads = PLANS[plan]
   module_devices = threading_plan.make_plan(k, devices, threads).module_devices
   micro = profile.get("microbatch_costs_ms", {})
+  by_batch = by_batch or {}
+  whole = next(iter(by_batch), None)
+  # t > 1 threads per device on fewer cores than D x t (4x2 here): the model
+  # of v4 let one op hold both cores, so two ops ran one after the other;
+  # the OS runs them at once, each slower (two 2-thread chains took 1.51x
+  # one alone, not 2x). With a probe of t-thread modules every device may
+  # run an op (D x t cores), slowed by that probe's contention.
+  cores = devices * threads if threads > 1 and by_batch else _cores()
   cells = {}
   for name in strategies:
+    m = benchmark_lib.parse_cell(name)[1]
+    factor = by_batch.get(whole // m, by_batch[whole]) if by_batch else 1.0
     values = [benchmark_lib.predict(
-        benchmark_lib.costs_from_ms(profile[key]), name, _cores(), threads,
+        benchmark_lib.costs_from_ms(profile[key]), name, cores, threads,
         module_devices,
         {int(m): benchmark_lib.costs_from_ms(rows[key])
          for m, rows in micro.items()},
@@ -250,10 +265,10 @@ def repredict(folder):
   strategies = list(dict.fromkeys(c.split("/")[2] for c in measured["cells"]))
   for key, group in predictions["groups"].items():
     network, plan = key.split("/")
-    group["contention"], group["contention_source"] = contention(
-        network, _CONTENTION_FROM.value)
-    group["cells"] = predict_cells(group, plan, strategies,
-                                   group["contention"])
+    by_batch, group["contention_source"] = contention(
+        network, _CONTENTION_FROM.value, PLANS[plan][2])
+    group["contention"] = {str(b): c for b, c in by_batch.items()}
+    group["cells"] = predict_cells(group, plan, strategies, by_batch)
   predictions["in_sample"] = (
       f"re-predicted from {folder} by `--repredict_from` after its cells were "
       f"timed: in sample")
@@ -279,24 +294,29 @@ def main(argv):
   strategies = list(dict.fromkeys(_STRATEGIES.value))
   groups = [(n, p) for n in _NETWORKS.value for p in _PLANS.value]
   predictions = dict(_header(), groups={})
+  microbatches = sorted({benchmark_lib.parse_cell(name)[1]
+                         for name in strategies} - {1})
   factors = {}
   for network in _NETWORKS.value:
-    if _CONTENTION_FROM.value is None:
-      print(f"probing {network}'s contention", file=sys.stderr, flush=True)
-      factors[network] = probe_contention(network)
-    else:
-      factors[network] = contention(network, _CONTENTION_FROM.value)
+    for threads in sorted({PLANS[p][2] for p in _PLANS.value}):
+      if _CONTENTION_FROM.value is None:
+        print(f"probing {network}'s contention ({threads} threads)",
+              file=sys.stderr, flush=True)
+        factors[network, threads] = probe_contention(network, threads,
+                                                     microbatches)
+      else:
+        factors[network, threads] = contention(
+            network, _CONTENTION_FROM.value, threads)
   for network, plan in groups:
     print(f"profiling {network} on {plan}", file=sys.stderr, flush=True)
-    microbatches = sorted({benchmark_lib.parse_cell(name)[1]
-                           for name in strategies} - {1})
     profile = _benchmark(network, plan, "profile",
                          [f"--repetitions={_REPETITIONS.value}",
                           "--microbatches=" + ",".join(map(str, microbatches))])
+    by_batch, source = factors[network, PLANS[plan][2]]
     predictions["groups"][f"{network}/{plan}"] = dict(
-        profile, contention=factors[network][0],
-        contention_source=factors[network][1],
-        cells=predict_cells(profile, plan, strategies, factors[network][0]))
+        profile, contention={str(b): c for b, c in by_batch.items()},
+        contention_source=source,
+        cells=predict_cells(profile, plan, strategies, by_batch))
   # Every prediction is on disk before the first timed run.
   _write("predictions.json", json.dumps(predictions, indent=1) + "\n")
   measured = dict(_header(), cells={})

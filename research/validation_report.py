@@ -80,6 +80,16 @@ def _microbatch_lines(group):
   return lines
 
 
+def _contention_line(group):
+  """The contention c the model used, per batch size (v4 on: 1 = none)."""
+  by_batch = group["contention"]
+  if not isinstance(by_batch, dict):  # The first v4 runs: one factor.
+    by_batch = {"whole batch": by_batch}
+  text = ", ".join(f"{c:.3f} at batch {b}" for b, c in by_batch.items())
+  return (f"Contention c: {text or '1 (none)'} (from "
+          f"{group['contention_source']}).")
+
+
 def render(predictions, measured):
   """The markdown report."""
   table = rows(predictions, measured)
@@ -119,8 +129,7 @@ def render(predictions, measured):
           f"{_ms(r['measured_step_s'])} [{_ms(r['measured_min_s'])}-"
           f"{_ms(r['measured_max_s'])}] | {r['ratio']:.2f}{flag} |")
     if "contention" in group:
-      lines += ["", f"Contention c = {group['contention']:.3f} (from "
-                f"{group['contention_source']}; 1: none, model v3)."]
+      lines += ["", _contention_line(group)]
     lines += ["", "Op costs, ms per full batch:", ""] + _cost_lines(group)
     lines += _microbatch_lines(group)
     lines.append("")

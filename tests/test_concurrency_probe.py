@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,7 +39,9 @@ def test_report_times_every_case_for_every_batch(tmp_path):
 def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
   out = tmp_path / "probe.json"
   for flags, received in ((["--devices=1"], "Received: devices=1"),
-                          (["--batches=8,x"], "Received: batches='8,x'")):
+                          (["--batches=8,x"], "Received: batches='8,x'"),
+                          (["--network=mlp", "--microbatches=2,1"],
+                           "Received: microbatches='2,1'")):
     run = _run(*flags, f"--out={out}")
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 1 and len(lines) == 1, run.stderr
@@ -47,10 +51,21 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
 
 def test_network_modules_are_timed_alone_and_side_by_side(tmp_path):
   out = tmp_path / "probe.json"
-  run = _run("--network=mlp", "--repeats=1", f"--out={out}")
+  run = _run("--network=mlp", "--repeats=1", "--microbatches=4",
+             f"--out={out}")
   assert run.returncode == 0, run.stderr
   report = json.loads(out.read_text())
-  assert report["network"] == "mlp" and list(report["batches"]) == ["512"]
+  # The whole batch first (the model's default), then batch / M.
+  assert report["network"] == "mlp" and list(report["batches"]) == [
+      "512", "128"]
+  for row in report["batches"].values():
+    # The schedule model's c explains the measured times (>= 1).
+    assert row["contention"] == pytest.approx(max(1.0, 1.0 + (
+        row["two_devices_ms"] - row["alone_ms"]) / row["faster_alone_ms"]),
+                                              abs=2e-3)
+    assert row["faster_alone_ms"] <= row["alone_ms"]
+  assert report["batches"]["128"]["alone_ms"] < report["batches"]["512"][
+      "alone_ms"]
   row = report["batches"]["512"]
   # Two modules' work at once takes at least the slower one's alone (less
   # a little timing noise), whatever the contention.

@@ -163,8 +163,8 @@ def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
   assert not (new / "measured.json").exists()
   # The earlier run's files are read, never changed.
   assert json.loads((old / "measured.json").read_text()) == measured
-  assert again["groups"]["mlp/2x1"]["contention"] == 1.0
-  assert "Contention c = 1.000 (from none" in report
+  assert again["groups"]["mlp/2x1"]["contention"] == {}
+  assert "Contention c: 1 (none) (from none)." in report
 
 
 def test_repredict_with_a_probe_contention_slows_overlapping_cells(
@@ -174,7 +174,8 @@ def test_repredict_with_a_probe_contention_slows_overlapping_cells(
   probes = tmp_path / "probes"
   probes.mkdir()
   (probes / "mlp.json").write_text(json.dumps(
-      {"network": "mlp", "batches": {"512": {"contention": 1.5}}}))
+      {"network": "mlp", "batches": {"512": {"contention": 1.5},
+                                     "256": {"contention": 1.25}}}))
   runs = {}
   for name, extra in (("none", []), ("probe", [f"--contention_from={probes}"])):
     proc = _run(f"--out_dir={tmp_path / name}", f"--repredict_from={old}",
@@ -183,7 +184,7 @@ def test_repredict_with_a_probe_contention_slows_overlapping_cells(
     assert proc.returncode == 0, err
     runs[name] = json.loads((tmp_path / name / "predictions.json").read_text(
     ))["groups"]["mlp/2x1"]
-  assert runs["probe"]["contention"] == 1.5
+  assert runs["probe"]["contention"] == {"512": 1.5, "256": 1.25}
   assert runs["probe"]["contention_source"] == str(probes / "mlp.json")
   without, with_c = (runs[n]["cells"]["local"]["predicted_step_s"]
                      for n in ("none", "probe"))
@@ -195,4 +196,59 @@ def test_repredict_with_a_probe_contention_slows_overlapping_cells(
   assert with_c == pytest.approx(benchmark_lib.predict(
       costs, "local", 2, 1, (0, 1), ops_per_device=2, contention=1.5))
   report = (tmp_path / "probe" / "report.md").read_text()
-  assert f"Contention c = 1.500 (from {probes / 'mlp.json'}" in report
+  assert (f"Contention c: 1.500 at batch 512, 1.250 at batch 256 (from "
+          f"{probes / 'mlp.json'})." in report)
+
+
+def test_repredict_takes_the_contention_of_each_cells_batch_and_threads(
+    tmp_path):
+  """A cell of M microbatches takes the probe's factor at batch / M (the
+  whole batch's where the probe has no such batch); a plan of 2 threads per
+  device with a probe of 2-thread modules lets every device run an op at
+  once (4 x 2 cores: the OS shares them), each slowed by that factor."""
+  import json  # pylint: disable=import-outside-toplevel
+  from tf_interlock import threading_plan  # pylint: disable=import-outside-toplevel
+  predictions, measured, old = _earlier_run(tmp_path)
+  group = predictions["groups"]["mlp/2x1"]
+  predictions["groups"]["mlp/4x2"] = dict(
+      group, module_costs_ms=group["module_costs_ms"] * 2,
+      module_costs_min_ms=group["module_costs_ms"] * 2,
+      module_costs_max_ms=group["module_costs_ms"] * 2)
+  cell = measured["cells"]["mlp/2x1/e2e"]
+  measured["cells"] = {f"mlp/{plan}/{name}": cell for plan in ("2x1", "4x2")
+                       for name in ("local", "e2e-m2", "e2e-m4")}
+  (old / "predictions.json").write_text(json.dumps(predictions))
+  (old / "measured.json").write_text(json.dumps(measured))
+  probes = tmp_path / "probes"
+  probes.mkdir()
+  (probes / "mlp.json").write_text(json.dumps({"batches": {
+      "512": {"contention": 1.5}, "256": {"contention": 1.25}}}))
+  runs = {}
+  for name in ("one", "both"):
+    if name == "both":
+      (probes / "mlp_intra2.json").write_text(json.dumps({"batches": {
+          "512": {"contention": 1.75}}}))
+    proc = _run(f"--out_dir={tmp_path / name}", f"--repredict_from={old}",
+                f"--contention_from={probes}")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    runs[name] = json.loads((tmp_path / name / "predictions.json").read_text(
+    ))["groups"]
+  two = benchmark_lib.costs_from_ms(group["module_costs_ms"])
+  four = two * 2
+  for name, c in (("local", 1.5), ("e2e-m2", 1.25), ("e2e-m4", 1.5)):
+    assert runs["one"]["mlp/2x1"]["cells"][name]["predicted_step_s"] == (
+        pytest.approx(benchmark_lib.predict(two, name, 2, 1, (0, 1),
+                                            ops_per_device=2, contention=c)))
+    # No 2-thread probe: 4x2 keeps v3's whole cores, no contention.
+    assert runs["one"]["mlp/4x2"]["cells"][name]["predicted_step_s"] == (
+        pytest.approx(benchmark_lib.predict(
+            four, name, threading_plan.host_cores(), 2, (0, 1, 2, 3),
+            ops_per_device=4)))
+    assert runs["both"]["mlp/4x2"]["cells"][name]["predicted_step_s"] == (
+        pytest.approx(benchmark_lib.predict(four, name, 8, 2, (0, 1, 2, 3),
+                                            ops_per_device=4,
+                                            contention=1.75)))
+  assert runs["both"]["mlp/4x2"]["contention"] == {"512": 1.75}
+  assert runs["both"]["mlp/4x2"]["contention_source"] == str(
+      probes / "mlp_intra2.json")

@@ -1,7 +1,7 @@
 """The schedule model's contention between ops that run at once
 (`schedule.slowdown`, `simulate(contention=c)`): processor sharing, checked
 against hand-worked schedules, and the probe's factor derived from its
-measured times (`research.concurrency_probe.contention_factor`).
+measured times (`schedule.contention_factor`).
 """
 
 import math
@@ -10,7 +10,6 @@ import pytest
 
 from tf_interlock import schedule
 from tf_interlock.schedule import ModuleCost
-from research import concurrency_probe
 
 # Two equal modules with aux heads; every op costs 1 alone.
 EQUAL = [ModuleCost(1.0, 1.0, 1.0, aux=1.0)] * 2
@@ -93,9 +92,9 @@ def test_the_probe_factor_inverts_processor_sharing():
   # Ops of 3 and 1 alone at once: both at c until the short one ends at c,
   # then the long one's 2 left alone: c + 2 = 3 + (c - 1).
   for c in (1.0, 1.3, 1.8):
-    assert concurrency_probe.contention_factor(3.0, 1.0, 3.0 + (c - 1)) == (
+    assert schedule.contention_factor(3.0, 1.0, 3.0 + (c - 1)) == (
         pytest.approx(c))
   # Equal ops: the ratio itself. Faster than alone: no contention (1).
-  assert concurrency_probe.contention_factor(2.0, 2.0, 2.6) == (
+  assert schedule.contention_factor(2.0, 2.0, 2.6) == (
       pytest.approx(1.3))
-  assert concurrency_probe.contention_factor(2.0, 1.0, 1.9) == 1.0
+  assert schedule.contention_factor(2.0, 1.0, 1.9) == 1.0

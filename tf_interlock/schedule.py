@@ -292,6 +292,23 @@ def slowdown(running, contention):
   return 1.0 + (contention - 1.0) * max(running - 1, 0)
 
 
+def contention_factor(slower_s, faster_s, together_s):
+  """The c of `slowdown` that explains two ops' measured times.
+
+  Processor sharing: both run c times slower until the faster one ends at
+  c * faster_s, then the slower one's remaining slower_s - faster_s runs
+  alone, so together_s = slower_s + (c - 1) * faster_s.
+
+  Args:
+    slower_s, faster_s: each op alone (seconds).
+    together_s: both at once on two devices.
+
+  Returns:
+    c >= 1 (1 when together was no slower than the slower op alone).
+  """
+  return max(1.0, 1.0 + (together_s - slower_s) / faster_s)
+
+
 def _run(template, num_modules, device_of, num_cores, threads, num_steps,
          ops_per_device=1, contention=1.0):
   """List-schedules `num_steps` copies of the step template.
