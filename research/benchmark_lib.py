@@ -274,11 +274,18 @@ def read_contention(path):
     ValueError: one line, for a report without it (an older probe's).
   """
   with open(path) as f:
-    rows = json.load(f)["batches"]
-  if not all("contention" in row for row in rows.values()):
-    raise ValueError(f"{path} predates the probe's `contention`; run "
-                     f"research.concurrency_probe again")
-  return {int(batch): float(row["contention"]) for batch, row in rows.items()}
+    report = json.load(f)
+  try:
+    found = {int(batch): float(row["contention"])
+             for batch, row in report["batches"].items()}
+  except (KeyError, TypeError, ValueError, AttributeError):
+    found = {}
+  if not found or not all(1.0 <= c < float("inf") for c in found.values()):
+    raise ValueError(f"{path} holds no research.concurrency_probe "
+                     f"`contention` >= 1 per batch (an older probe's report,"
+                     f" or not a probe's); run research.concurrency_probe "
+                     f"again")
+  return found
 
 
 def measure_strategies(spec, strategies, placement, num_cores, threads=1,

@@ -147,6 +147,12 @@ def validate():
       config_lib.fail("contention_from", folder,
                       f"must be a folder holding research.concurrency_probe "
                       f"reports {', '.join(n + '.json' for n in missing)}")
+    for network in sorted(networks):  # Each report readable, before writing.
+      for threads in sorted({t for _, _, t in PLANS.values()}):
+        try:
+          contention(network, folder, threads)
+        except (OSError, ValueError) as e:
+          config_lib.fail("contention_from", folder, str(e))
   present = [f for f in FILES if os.path.exists(
       os.path.join(_OUT_DIR.value, f))]
   if present and not _OVERWRITE.value:
@@ -191,7 +197,8 @@ def probe_contention(network, threads, microbatches):
   intra-op threads (2 devices, on its whole batch and on batch / M for
   each of `microbatches`) in a process of its own, into
   <out_dir>/concurrency_probe/."""
-  folder = os.path.join(_OUT_DIR.value, "concurrency_probe")
+  # Absolute: the probe runs from the repository root.
+  folder = os.path.abspath(os.path.join(_OUT_DIR.value, "concurrency_probe"))
   os.makedirs(folder, exist_ok=True)
   name = f"{network}.json" if threads == 1 else f"{network}_intra{threads}.json"
   benchmark_lib.run_child(

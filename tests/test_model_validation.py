@@ -25,6 +25,10 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
   kept = tmp_path / "kept"
   kept.mkdir()
   (kept / "predictions.json").write_text("ours")
+  # A probe report from before `contention` was written.
+  old_probe = tmp_path / "old_probe"
+  old_probe.mkdir()
+  (old_probe / "mlp.json").write_text('{"batches": {"512": {"alone_ms": 1}}}')
   cases = [
       (["--networks=mlp,cnn"], "networks", "Received: networks='mlp,cnn'"),
       (["--plans=3x1"], "plans", "Received: plans='3x1'"),
@@ -34,6 +38,8 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
       ([f"--out_dir={kept}"], "out_dir", f"Received: out_dir='{kept}'"),
       ([f"--contention_from={kept}", "--networks=mlp"], "contention_from",
        f"Received: contention_from='{kept}'"),
+      ([f"--contention_from={old_probe}", "--networks=mlp"],
+       "contention_from", f"Received: contention_from='{old_probe}'"),
   ]
   runs = []
   for i, (flags, name, received) in enumerate(cases):
@@ -47,7 +53,7 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
     assert lines[0].startswith(f"error: --{name}="), lines[0]
     assert lines[0].endswith(received), lines[0]
   # Nothing was written or replaced.
-  assert sorted(os.listdir(tmp_path)) == ["kept"]
+  assert sorted(os.listdir(tmp_path)) == ["kept", "old_probe"]
   assert (kept / "predictions.json").read_text() == "ours"
 
 

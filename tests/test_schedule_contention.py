@@ -81,6 +81,42 @@ def test_contention_slows_between_one_and_c(strategy, microbatches):
     previous = step
 
 
+def test_long_schedules_of_unround_costs_end():
+  # Costs in ms, 8 modules, 16 microbatches, one core: times reach 1e5, where
+  # stepping by differences of times left rounding residues that never
+  # retired (the loop spun). One core runs every op one after another, so
+  # the step is the whole step's work.
+  costs = [ModuleCost(37.3, 21.1, 45.7, aux=9.3)] * 8
+  for c in (1.0, 1.3):
+    result = schedule.simulate(costs, "e2e", num_microbatches=16,
+                               num_cores=1, contention=c)
+    assert result.step_time == pytest.approx(sum(result.device_load),
+                                             rel=1e-9)
+
+
+# Cases whose ties a test of "ended <= now" for transfers got wrong.
+@pytest.mark.parametrize("strategy, microbatches, devices", [
+    ("e2e", 2, (0, 1, 1)), ("e2e", 4, (0, 1, 2)), ("local", 4, (0, 1, 2)),
+    ("2wise", 2, (0, 1, 1)), ("2wise", 4, (0, 1, 2)), ("local", 1, (0, 1, 1))])
+@pytest.mark.parametrize("c", [1.0, 1.25])
+def test_ties_with_transfers_do_not_depend_on_the_unit(strategy,
+                                                       microbatches, devices,
+                                                       c):
+  # The same schedule in seconds and in units of 1e-4 s: ops and transfers
+  # that end together must retire together in both, whatever the rounding.
+  costs = [ModuleCost(3.0, 2.0, 4.0, aux=1.0, update=1.0),
+           ModuleCost(2.0, 3.0, 3.0, aux=1.0, update=1.0),
+           ModuleCost(4.0, 1.0, 2.0, aux=1.0, update=1.0)]
+  links = [schedule.TransferCost(1.0, 2.0)] * 2
+  kwargs = dict(num_microbatches=microbatches, num_cores=2,
+                module_devices=devices, ops_per_device=2, contention=c)
+  whole = schedule.simulate(costs, strategy, transfers=links, **kwargs)
+  small = schedule.simulate(
+      [c.scaled(1e-4) for c in costs], strategy,
+      transfers=[schedule.TransferCost(1e-4, 2e-4)] * 2, **kwargs)
+  assert small.step_time == pytest.approx(1e-4 * whole.step_time, rel=1e-6)
+
+
 @pytest.mark.parametrize("bad", [0.5, -1.0, math.nan, math.inf, True, "2"])
 def test_bad_contention_is_one_line(bad):
   with pytest.raises(ValueError, match=r"contention must be a number >= 1\. "

@@ -382,13 +382,18 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
     if not running and not delays:
       return start, finish, blocker
     rate = 1.0 / slowdown(len(running), contention)
-    ends = [now + min(running.values()) / rate] if running else []
-    now_next = min(ends + [delays[0][0]] if delays else ends)
+    # Advance by work done, not by a difference of times: the op with the
+    # least work left lands on 0 exactly, so every pass retires an op.
+    work = min(running.values()) if running else math.inf
+    if delays and delays[0][0] < now + work / rate:
+      now_next, work = delays[0][0], (delays[0][0] - now) * rate
+    else:
+      now_next = now + work / rate
     for op_id in running:
-      running[op_id] -= (now_next - now) * rate
+      running[op_id] -= work
     now = now_next
     ended = [op_id for op_id, left in running.items() if left <= tolerance]
-    while delays and delays[0][0] <= now:
+    while delays and delays[0][0] <= now + tolerance:
       ended.append(heapq.heappop(delays)[1])
     for op_id in sorted(ended):  # Retire every op ending now.
       t, i = divmod(op_id, size)
