@@ -38,6 +38,7 @@ from tf_interlock import profiling  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
 from tf_interlock import threading_plan  # noqa: E402
 from research import benchmark_lib  # noqa: E402
+from research import host_reference  # noqa: E402
 from train import error_boundary  # noqa: E402
 from train import config as config_lib  # noqa: E402
 
@@ -121,6 +122,10 @@ _JSON = flags.DEFINE_bool(
     "of the table.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the JSON report to this file (gfile path).")
+_HOST_REFERENCE = flags.DEFINE_bool(
+    "host_reference", False, "role=worker or profile: also time the host's "
+    "fixed reference workload (research.host_reference) before and after, "
+    "on this plan's thread pools: host_reference_ms in the report.")
 
 
 
@@ -224,9 +229,9 @@ def profile_report(plan=None):
       trainer, x, y, _REPETITIONS.value)
   microbatch = {}
   for m in _MICROBATCHES.value:
-    size = s.config.batch_size // int(m)
-    costs = profiling.repeated_module_costs(trainer, x[:size], y[:size],
-                                            _REPETITIONS.value)
+    # One microbatch's ops, timed M at a time inside one graph.
+    costs = profiling.repeated_module_costs(trainer, x, y, _REPETITIONS.value,
+                                            microbatches=int(m))
     microbatch[m] = dict(zip(("module_costs_ms", "module_costs_min_ms",
                               "module_costs_max_ms"),
                              map(benchmark_lib.costs_ms, costs)))
@@ -260,6 +265,20 @@ def worker_report(strategies, plan=None):
           "plan": plan.describe() if plan else _PLACEMENT.value,
           "threads_per_device": plan.threads_per_device if plan else None,
           "thread_pools": benchmark_lib.threading_state()}
+
+
+def _around_reference(make_report, plan):
+  """make_report()'s report, with --host_reference the host's reference
+  time (ms) just before and just after it: how fast the host ran while the
+  report was measured."""
+  if not _HOST_REFERENCE.value:
+    return make_report()
+  _placement(plan)  # The plan's devices and thread pools come first.
+  before = host_reference.reference_time()
+  report = make_report()
+  report["host_reference_ms"] = [
+      round(1e3 * t, 3) for t in (before, host_reference.reference_time())]
+  return report
 
 
 def _with_e2e(strategies):
@@ -344,8 +363,10 @@ def main(argv):
             _NUM_MODULES.value,
             _NUM_MODULES.value // (_MODULES_PER_DEVICE.value or 1),
             _THREADS.value or 1)
-      report = (worker_report(_STRATEGIES.value, plan)
-                if _ROLE.value == "worker" else profile_report(plan))
+      report = _around_reference(
+          (lambda: worker_report(_STRATEGIES.value, plan))
+          if _ROLE.value == "worker" else (lambda: profile_report(plan)),
+          plan)
     else:
       report = main_report()
   except (ValueError, RuntimeError) as e:

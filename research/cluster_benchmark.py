@@ -108,13 +108,13 @@ def profile():
       spec, "e2e", placement_lib.make_placement("simulated", k))
   x, y = benchmark_lib.make_batch(spec)
   costs = profiling.measure_module_costs(trainer, x, y)
-  # One microbatch's ops, measured at batch / M for every M of the cells.
+  # One microbatch's ops (batch / M) for every M of the cells, timed M at a
+  # time inside one graph.
   micro = {}
   for m in sorted({benchmark_lib.parse_cell(n)[1]
                    for n in _STRATEGIES.value} - {1}):
-    size = spec.config.batch_size // m
     micro[m] = benchmark_lib.costs_ms(
-        profiling.measure_module_costs(trainer, x[:size], y[:size]))
+        profiling.measure_module_costs(trainer, x, y, microbatches=m))
   shapes = [[int(d) for d in found.outputs.shape]
             for found in exits.exits(trainer.modules[:-1], x, heads=())]
   print(json.dumps({"costs_ms": benchmark_lib.costs_ms(costs),

@@ -6,7 +6,8 @@ For every network and threading plan of the grid, in this order:
 
 1. Profile: `research.benchmark --role=profile` measures each module's op
    costs in a process of its own (no strategy is timed there), as the
-   median of --repetitions full measurements, with their range; and
+   median of --repetitions full measurements, with their range, and the
+   host's reference time around it (`research.host_reference`); and
    `research.concurrency_probe --network=X`, in another, how much two
    modules' ops slow each other when they run at once (the model's
    `contention`), unless --contention_from names earlier probe reports.
@@ -16,10 +17,13 @@ For every network and threading plan of the grid, in this order:
    timed run starts.
 3. Time: each cell (network, plan, strategy) runs in its own process
    (`research.benchmark --role=worker --costs=false`), median of --steps calls
-   of --steps_per_loop steps after 2 warm-ups; measured.json grows cell by
-   cell, so an interrupted grid keeps what it measured.
+   of --steps_per_loop steps after 2 warm-ups, with the host's reference
+   time around it; measured.json grows cell by cell, so an interrupted grid
+   keeps what it measured.
 4. Report: report.md, model / measured per cell, the cells off by more
-   than 10% and the worst cell.
+   than 10% and the worst cell, and per cell the host's drift since the
+   profile (the reference's time around the cell over that around the
+   profile) with model x drift / measured.
 
 A plan is K modules on D simulated devices of t intra-op threads on this
 host's cores (`tf_interlock.threading_plan`): "2x1" is K = 2 on 2 devices x
@@ -317,7 +321,8 @@ def main(argv):
   for network, plan in groups:
     print(f"profiling {network} on {plan}", file=sys.stderr, flush=True)
     profile = _benchmark(network, plan, "profile",
-                         [f"--repetitions={_REPETITIONS.value}",
+                         ["--host_reference",
+                          f"--repetitions={_REPETITIONS.value}",
                           "--microbatches=" + ",".join(map(str, microbatches))])
     by_batch, source = factors[network, PLANS[plan][2]]
     predictions["groups"][f"{network}/{plan}"] = dict(
@@ -334,14 +339,15 @@ def main(argv):
       try:
         run = _benchmark(network, plan, "worker",
                          [f"--strategies={name}", "--costs=false",
-                          "--fit=false"])
+                          "--fit=false", "--host_reference"])
       except RuntimeError as e:  # One failed cell does not end the grid.
         measured["cells"][cell] = {"error": str(e)}
       else:
         row = run["strategies"][name]
-        measured["cells"][cell] = {
-            key: row[key] for key in ("measured_step_s", "measured_min_s",
-                                      "measured_max_s")}
+        measured["cells"][cell] = dict(
+            {key: row[key] for key in ("measured_step_s", "measured_min_s",
+                                       "measured_max_s")},
+            host_reference_ms=run["host_reference_ms"])
       _write("measured.json", json.dumps(measured, indent=1) + "\n")
   _write("report.md", validation_report.render(predictions, measured))
   print(os.path.join(_OUT_DIR.value, "report.md"))

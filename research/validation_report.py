@@ -4,7 +4,11 @@ Pure Python: predictions.json (op costs per network and plan, and the step
 time the schedule model predicted from them for every cell, written before
 any timing) and measured.json (each cell's measured step time) become one
 table per network and plan, model / measured per cell, and the list of
-cells off by more than `TOLERANCE`.
+cells off by more than `TOLERANCE`. Where both files hold the host's
+reference times (`research.host_reference`), each cell also shows the
+host's drift between the profile and the cell, and model x drift /
+measured: how far off the model is once the host's measured change of
+speed is taken out.
 """
 
 TOLERANCE = 0.10
@@ -32,10 +36,30 @@ def rows(predictions, measured):
     if predicted is None:
       raise ValueError(f"measured cell {cell!r} has no prediction in "
                        f"predictions.json. Received: cell={cell!r}")
+    ratio = predicted["predicted_step_s"] / row["measured_step_s"]
+    host = drift(group.get("host_reference_ms"), row.get("host_reference_ms"))
     out.append(dict(network=network, plan=plan, strategy=strategy,
-                    ratio=predicted["predicted_step_s"] /
-                    row["measured_step_s"], **predicted, **row))
+                    ratio=ratio, drift=host,
+                    drift_ratio=None if host is None else ratio * host,
+                    **predicted, **row))
   return out
+
+
+def drift(profile_ms, cell_ms):
+  """How much slower the host ran a cell than its profile: the mean of the
+  cell's reference times over the mean of the profile's (1.0: the same
+  speed; 1.2: 20% slower, which the cell's measured time carries too).
+
+  Args:
+    profile_ms: the reference times (ms) taken around the profile.
+    cell_ms: those taken around the timed cell.
+
+  Returns:
+    The ratio, or None when either is missing or empty (older runs).
+  """
+  if not profile_ms or not cell_ms:
+    return None
+  return (sum(cell_ms) / len(cell_ms)) / (sum(profile_ms) / len(profile_ms))
 
 
 def _ms(seconds):
@@ -108,26 +132,44 @@ def render(predictions, measured):
       f"median of {measured['steps']} calls of {measured['steps_per_loop']} "
       "steps after 2 warm-ups. The model's range comes from the cheapest "
       "and the dearest op costs.", ""]
+  drifted = [r for r in table if r["drift_ratio"] is not None]
   if table:
     worst = max(table, key=lambda r: abs(r["ratio"] - 1.0))
     lines += [
         f"**{len(table) - len(off)} of {len(table)} cells within "
         f"{TOLERANCE:.0%}.** Worst: {worst['network']} {worst['plan']} "
         f"{worst['strategy']}, model / measured {worst['ratio']:.2f}.", ""]
+  if drifted:
+    worst = max(drifted, key=lambda r: abs(r["drift_ratio"] - 1.0))
+    within = sum(abs(r["drift_ratio"] - 1.0) <= TOLERANCE for r in drifted)
+    lines += [
+        f"With the host's measured drift since the profile taken out "
+        f"(model x drift / measured): **{within} of {len(drifted)} cells "
+        f"within {TOLERANCE:.0%}**; worst {worst['network']} {worst['plan']} "
+        f"{worst['strategy']}, {worst['drift_ratio']:.2f}. Drift is the "
+        "reference workload's time around the cell over its time around the "
+        "profile (research.host_reference).", ""]
   for key, group in predictions["groups"].items():
     cells = [r for r in table if f"{r['network']}/{r['plan']}" == key]
     if not cells:
       continue
+    with_drift = any(r["drift"] is not None for r in cells)
+    extra = " host drift | model x drift / measured |" if with_drift else ""
     lines += [f"## {key} ({group['plan']})", "",
               "| strategy | model ms [range] | measured ms [min-max] | "
-              "model / measured |", "|---|---|---|---|"]
+              "model / measured |" + extra,
+              "|---|---|---|---|" + ("---|---|" if with_drift else "")]
     for r in cells:
       flag = "" if abs(r["ratio"] - 1.0) <= TOLERANCE else " **off**"
-      lines.append(
+      line = (
           f"| {r['strategy']} | {_ms(r['predicted_step_s'])} "
           f"[{_ms(r['predicted_min_s'])}-{_ms(r['predicted_max_s'])}] | "
           f"{_ms(r['measured_step_s'])} [{_ms(r['measured_min_s'])}-"
           f"{_ms(r['measured_max_s'])}] | {r['ratio']:.2f}{flag} |")
+      if with_drift:
+        line += (" - | - |" if r["drift"] is None else
+                 f" {r['drift']:.2f} | {r['drift_ratio']:.2f} |")
+      lines.append(line)
     if "contention" in group:
       lines += ["", _contention_line(group)]
     lines += ["", "Op costs, ms per full batch:", ""] + _cost_lines(group)

@@ -123,6 +123,40 @@ def test_report_flags_the_cells_off_by_more_than_ten_percent():
   assert "- mlp 2x1 local: 1.25" in text
 
 
+def test_report_takes_the_hosts_measured_drift_out():
+  predictions, measured = _results()
+  # The host ran the reference 10.0 and 12.0 ms around the profile (mean
+  # 11), 13.2 ms around the local cell: 1.2x slower, so model x drift /
+  # measured = 1.25 / 1.2 x ... = 5.0 x 1.2 / 4.0 = 1.5; around e2e the
+  # same speed as the profile: 0.95 stays.
+  predictions["groups"]["mlp/2x1"]["host_reference_ms"] = [10.0, 12.0]
+  measured["cells"]["mlp/2x1/e2e"]["host_reference_ms"] = [11.0, 11.0]
+  measured["cells"]["mlp/2x1/local"]["host_reference_ms"] = [13.2, 13.2]
+  rows = validation_report.rows(predictions, measured)
+  assert [round(r["drift"], 3) for r in rows] == [1.0, 1.2]
+  assert [round(r["drift_ratio"], 3) for r in rows] == [0.952, 1.5]
+  text = validation_report.render(predictions, measured)
+  assert "| e2e | 10.0 [9.0-11.0] | 10.5 [10.0-11.0] | 0.95 | 1.00 | 0.95 |" \
+      in text
+  assert "| local | 5.0 [4.5-5.5] | 4.0 [4.0-5.0] | 1.25 **off** | 1.20 | " \
+      "1.50 |" in text
+  assert ("(model x drift / measured): **1 of 2 cells within 10%**; worst "
+          "mlp 2x1 local, 1.50.") in text
+  # A cell of an older run without reference times: no drift, shown as -.
+  del measured["cells"]["mlp/2x1/e2e"]["host_reference_ms"]
+  text = validation_report.render(predictions, measured)
+  assert "| e2e | 10.0 [9.0-11.0] | 10.5 [10.0-11.0] | 0.95 | - | - |" in text
+  assert "**0 of 1 cells within 10%**; worst mlp 2x1 local" in text
+
+
+def test_reports_without_reference_times_have_no_drift_column():
+  predictions, measured = _results()
+  assert validation_report.drift(None, [1.0]) is None
+  assert validation_report.drift([2.0, 4.0], [3.6]) == pytest.approx(1.2)
+  text = validation_report.render(predictions, measured)
+  assert "drift" not in text
+
+
 def test_report_lists_failed_cells_apart():
   predictions, measured = _results()
   measured["cells"]["mlp/2x1/2wise"] = {"error": "research.benchmark failed"}

@@ -155,3 +155,69 @@ def test_a_shared_inter_op_pool_runs_one_devices_ops_at_once():
       pytest.approx(2.0, abs=1e-9)
   with pytest.raises(ValueError, match="Received: ops_per_device=0"):
     schedule.simulate([one], "e2e", ops_per_device=0)
+
+
+def test_microbatch_ops_run_in_order_inside_one_graph():
+  # Each call's inputs wait, through control dependencies, for every output
+  # of the call before: one device's microbatches, one after another.
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  xs = [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0]),
+        tf.constant([5.0, 6.0])]
+  fn = tf.function(lambda: profiling._in_order(  # pylint: disable=protected-access
+      lambda x: (x * 2.0, x + 1.0), xs), autograph=False)
+  out = fn()
+  np.testing.assert_allclose([t.numpy() for t in out],
+                             [[2, 4], [2, 3], [6, 8], [4, 5], [10, 12],
+                              [6, 7]])
+  graph = fn.get_concrete_function().graph
+  waits = [op for op in graph.get_operations()
+           if op.type == "Identity" and op.control_inputs]
+  # Calls 2 and 3 wait for both outputs of the call before theirs.
+  assert len(waits) == 2
+  for op in waits:
+    assert sorted(c.type for c in op.control_inputs) == ["AddV2", "Mul"]
+
+
+def test_one_calls_time_is_shared_by_its_ops(monkeypatch):
+  # A fake clock: every call of fn takes 8 s and holds 4 ops, so each op's
+  # time is 2 s; the warm-up calls are not timed.
+  clock = [0.0]
+  monkeypatch.setattr(profiling.time, "perf_counter", lambda: clock[0])
+
+  def fn():
+    clock[0] += 8.0
+    return []
+
+  assert profiling._median_time(fn, repeats=3, calls=4) == 2.0  # pylint: disable=protected-access
+  assert profiling._median_time(fn, repeats=3) == 8.0  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("microbatches", [0, 3, 2.0, True])
+def test_the_profiler_rejects_microbatches_that_do_not_divide(microbatches):
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
+                                 layers_per_module=1, batch_size=32)
+  trainer = benchmark_lib.build_trainer(spec, "e2e", placement=None)
+  x, y = benchmark_lib.make_batch(spec)
+  with pytest.raises(ValueError, match=r"divides the batch of 32\. "
+                     rf"Received: microbatches={microbatches!r}$"):
+    profiling.measure_module_costs(trainer, x, y, repeats=1,
+                                   microbatches=microbatches)
+
+
+def test_the_profiler_times_microbatches_of_the_whole_batch():
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=64,
+                                 layers_per_module=2, batch_size=32)
+  trainer = benchmark_lib.build_trainer(spec, "e2e", placement=None)
+  x, y = benchmark_lib.make_batch(spec)
+  before = [v.numpy() for v in trainer.variables(0)]
+  costs = profiling.measure_module_costs(trainer, x, y, repeats=2,
+                                         microbatches=4)
+  assert len(costs) == 2
+  for cost in costs:
+    for field in dataclasses.fields(cost):
+      value = getattr(cost, field.name)
+      assert value is not None and np.isfinite(value) and value >= 0.0
+    assert cost.forward > 0.0 and cost.accumulate > 0.0
+  # Profiling never trains: the trainer's weights are untouched.
+  for old, new in zip(before, trainer.variables(0)):
+    np.testing.assert_array_equal(old, new.numpy())

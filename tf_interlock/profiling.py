@@ -8,7 +8,8 @@ to end), aux head forward and backward a_k (with its metrics), optimizer
 update u_k, and the sum of two microbatches' gradients. Each is timed here
 in its own `tf.function` on the module's device; the VJPs include a forward
 pass, which is subtracted. Times are medians over `repeats` calls, in
-seconds.
+seconds. A microbatch's ops are timed M at a time inside one graph, as the
+pipeline runs them (`measure_module_costs`' `microbatches`).
 """
 
 import dataclasses
@@ -22,7 +23,10 @@ from layers import partition
 from tf_interlock import schedule
 
 
-def _median_time(fn, repeats):
+def _median_time(fn, repeats, calls=1):
+  """The median seconds of one of `fn`'s `calls` ops: `fn` runs them one
+  after another inside one graph, so a call's fixed cost (dispatch, the
+  outputs' hand-back) is shared by all of them, as a step's ops share it."""
   fn()  # trace and warm up
   fn()
   times = []
@@ -31,77 +35,94 @@ def _median_time(fn, repeats):
     out = fn()
     # expand_composites: an embedding's gradient is an IndexedSlices.
     tf.nest.map_structure(lambda t: t.numpy(), out, expand_composites=True)
-    times.append(time.perf_counter() - start)
+    times.append((time.perf_counter() - start) / calls)
   return float(np.median(times))
 
 
-def _op_functions(k, module, x, cot, labels, step):
-  """tf.functions for module k's forward and VJPs (closures: arguments of
-  a tf.function would be captured by value and lose their gradients)."""
-  theta = module.body.trainable_variables
-  batch = int(labels.shape[0])
+def _in_order(op, *inputs):
+  """`op` on each tuple of `inputs` in turn, each after the one before.
 
-  def own_loss(logits, metrics):
+  The engine runs a pipeline's M microbatches of a module on one device, one
+  after another, inside the step's graph. Each call's inputs wait (through
+  `tf.identity` under control dependencies) for every output of the call
+  before, so the calls never overlap and each pays only its own work.
+
+  Returns:
+    The flat list of every call's outputs.
+  """
+  outputs, previous = [], []
+  for args in zip(*inputs):
+    with tf.control_dependencies(previous):
+      args = [tf.identity(a) for a in args]
+    previous = tf.nest.flatten(op(*args), expand_composites=True)
+    outputs += previous
+  return outputs
+
+
+def _op_functions(k, module, xs, cots, labels, step):
+  """tf.functions for module k's forward and VJPs, each run on every
+  microbatch of `xs` in order (closures: arguments of a tf.function would
+  be captured by value and lose their gradients)."""
+  theta = module.body.trainable_variables
+
+  def own_loss(logits, y, metrics):
     # The engine's own L_k with its metrics, as the step computes it (the
     # metrics are returned too, or the graph would prune them).
-    return step._own_loss(k, logits, labels, batch, metrics)  # pylint: disable=protected-access
+    return step._own_loss(k, logits, y, int(y.shape[0]), metrics)  # pylint: disable=protected-access
 
-  @tf.function(autograph=False)
-  def final_loss(h):
+  def final_loss_op(h, y):
     # The last module's L_{K-1} = loss(h, y) and its cotangent at h: inside
     # F_{K-1} in the schedule model.
     metrics = {}
     with tf.GradientTape() as tape:
       tape.watch(h)
-      loss = own_loss(h, metrics)
+      loss = own_loss(h, y, metrics)
     return [tape.gradient(loss, h)] + list(metrics.values())
 
-  @tf.function(autograph=False)
-  def forward():
-    return module.body(x, training=True)
+  def vjp_op(sources, watch_input):
+    def op(x, cot):
+      with tf.GradientTape() as tape:
+        if watch_input:
+          tape.watch(x)
+        out = module.body(x, training=True)
+      return tape.gradient(out, sources(x), output_gradients=cot)
+    return op
 
-  @tf.function(autograph=False)
-  def input_vjp():
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      out = module.body(x, training=True)
-    return tape.gradient(out, x, output_gradients=cot)
-
-  @tf.function(autograph=False)
-  def weight_vjp():
-    with tf.GradientTape() as tape:
-      out = module.body(x, training=True)
-    return tape.gradient(out, theta, output_gradients=cot)
-
-  @tf.function(autograph=False)
-  def fused_vjp():
-    # The engine's fused pass: theta's and x's gradients in one backward.
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      out = module.body(x, training=True)
-    return tape.gradient(out, theta + [x], output_gradients=cot)
-
-  @tf.function(autograph=False)
-  def aux(h):
+  def aux_op(h, y):
     phi = module.aux_head.trainable_variables
     metrics = {}
     with tf.GradientTape() as tape:
       tape.watch(h)
-      loss = own_loss(module.aux_head(h, training=True), metrics)
+      loss = own_loss(module.aux_head(h, training=True), y, metrics)
     return tape.gradient(loss, phi + [h]) + list(metrics.values())
 
-  return forward, input_vjp, weight_vjp, fused_vjp, aux, final_loss
+  def run(op, *inputs):
+    return tf.function(lambda: _in_order(op, *inputs), autograph=False)
+
+  return {
+      "forward": run(lambda x: module.body(x, training=True), xs),
+      "input_vjp": run(vjp_op(lambda x: x, True), xs, cots),
+      "weight_vjp": run(vjp_op(lambda x: theta, False), xs, cots),
+      # The engine's fused pass: theta's and x's gradients in one backward.
+      "fused_vjp": run(vjp_op(lambda x: theta + [x], True), xs, cots),
+      "aux": lambda hs: run(aux_op, hs, labels),
+      "final_loss": lambda hs: run(final_loss_op, hs, labels),
+  }
 
 
-def _accumulate_function(variables):
-  """a + b over gradients shaped like `variables`: what adding one
-  microbatch's gradients to the running sum costs (trainer._add)."""
+def _accumulate_function(variables, calls):
+  """`calls` sums a + b over gradients shaped like `variables`, each on the
+  one before: what adding one microbatch's gradients to the running sum
+  costs (trainer._add)."""
   a = [tf.ones_like(v) for v in variables]
   b = [tf.ones_like(v) for v in variables]
 
   @tf.function(autograph=False)
   def accumulate():
-    return [x + y for x, y in zip(a, b)]
+    total = a
+    for _ in range(calls):
+      total = [x + y for x, y in zip(total, b)]
+    return total
 
   return accumulate
 
@@ -122,39 +143,63 @@ def _update_function(optimizer, variables):
   return update
 
 
-def measure_module_costs(trainer, features, labels, repeats=10):
+def measure_module_costs(trainer, features, labels, repeats=10,
+                         microbatches=1):
   """Times each op of each module of a built `InterlockTrainer`.
+
+  With `microbatches` = M > 1 the costs are those of one microbatch's ops
+  (batch / M examples; the update stays the whole step's). As in the
+  engine's pipeline, each op then runs on all M microbatches one after
+  another inside one graph and its time is that call's over M. Timing one
+  microbatch per call would also charge each op a whole call's fixed cost,
+  which the step's graph does not pay: 2-4 ms per op for the MLP, up to
+  1.8x its step at M = 8 (docs/results/model_validation/serial_mlp_2on1).
 
   Args:
     trainer: a built `InterlockTrainer` (its modules, loss, placement).
     features: one per-replica batch of inputs.
     labels: the matching labels.
     repeats: timed calls per op.
+    microbatches: M, which must divide the batch.
 
   Returns:
     A list of K `schedule.ModuleCost`.
+
+  Raises:
+    ValueError: for M < 1 or an M that does not divide the batch.
   """
+  batch = int(labels.shape[0])
+  if isinstance(microbatches, bool) or not isinstance(
+      microbatches, int) or microbatches < 1 or batch % microbatches:
+    raise ValueError(f"microbatches must be an int >= 1 that divides the "
+                     f"batch of {batch}. Received: "
+                     f"microbatches={microbatches!r}")
+  m = microbatches
   costs = []
   h = tf.convert_to_tensor(features)
-  labels = tf.convert_to_tensor(labels)
+  labels = tf.split(tf.convert_to_tensor(labels), m)
   for k, module in enumerate(trainer.modules):
     last = k == trainer.num_modules - 1
     with trainer.placement.scope(k):
-      x = tf.identity(h)
-      h = module.body(x, training=False)
-      cot = tf.ones_like(h) / tf.cast(tf.size(h), h.dtype)
-      forward, input_vjp, weight_vjp, fused_vjp, aux, final_loss = (
-          _op_functions(k, module, x, cot, labels, trainer.step))
-      f = _median_time(forward, repeats)
+      xs = tf.split(tf.identity(h), m)
+      hs = [module.body(x, training=False) for x in xs]
+      h = tf.concat(hs, 0)
+      cots = [tf.ones_like(hi) / tf.cast(tf.size(h), h.dtype) for hi in hs]
+      ops = _op_functions(k, module, xs, cots, labels, trainer.step)
+
+      def time_of(fn):
+        return _median_time(fn, repeats, calls=m)
+
+      f = time_of(ops["forward"])
       # F_{K-1} holds the true loss, its metrics and dL/dh_{K-1}.
-      loss = _median_time(lambda h=h: final_loss(h), repeats) if last else 0.0
-      bx = 0.0 if k == 0 else max(0.0, _median_time(input_vjp, repeats) - f)
-      bw = max(0.0, _median_time(weight_vjp, repeats) - f)
+      loss = time_of(ops["final_loss"](hs)) if last else 0.0
+      bx = 0.0 if k == 0 else max(0.0, time_of(ops["input_vjp"]) - f)
+      bw = max(0.0, time_of(ops["weight_vjp"]) - f)
       # Module 0 never sends a cotangent, so its backward is never fused.
-      fused = bw if k == 0 else max(0.0, _median_time(fused_vjp, repeats) - f)
-      acc = _median_time(_accumulate_function(trainer.variables(k)), repeats)
-      a = 0.0 if last or not module.has_aux_head else _median_time(
-          lambda h=h: aux(h), repeats)
+      fused = bw if k == 0 else max(0.0, time_of(ops["fused_vjp"]) - f)
+      acc = time_of(_accumulate_function(trainer.variables(k), m))
+      a = 0.0 if last or not module.has_aux_head else time_of(
+          ops["aux"](hs))
       u = _median_time(_update_function(trainer.optimizers[k],
                                         trainer.variables(k)), repeats)
     costs.append(schedule.ModuleCost(forward=f + loss, input_vjp=bx,
@@ -165,7 +210,7 @@ def measure_module_costs(trainer, features, labels, repeats=10):
 
 
 def repeated_module_costs(trainer, features, labels, repetitions=3,
-                          repeats=10):
+                          repeats=10, microbatches=1):
   """`measure_module_costs` `repetitions` times: the median, min and max of
   every op's cost over the repetitions.
 
@@ -183,7 +228,8 @@ def repeated_module_costs(trainer, features, labels, repetitions=3,
       repetitions, int) or repetitions < 1:
     raise ValueError(f"repetitions must be an int >= 1. "
                      f"Received: repetitions={repetitions!r}")
-  runs = [measure_module_costs(trainer, features, labels, repeats)
+  runs = [measure_module_costs(trainer, features, labels, repeats,
+                                microbatches)
           for _ in range(repetitions)]
   fields = [f.name for f in dataclasses.fields(schedule.ModuleCost)]
 
