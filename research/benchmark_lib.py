@@ -297,7 +297,8 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
 
   With `costs`, the op costs are measured once in this process, after the
   first strategy was timed (on its trainer, under this process's threads),
-  and feed `predict`; without, no prediction is made here.
+  and for a cell of M microbatches also at batch / M, and feed `predict`;
+  without, no prediction is made here.
 
   Returns:
     (rows, costs): rows maps a strategy to measured_step_s (and its min and
@@ -305,14 +306,20 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
     examples_per_s; costs are the measured `schedule.ModuleCost`s or None.
   """
   x, y = make_batch(spec)
-  rows, measured_costs = {}, None
+  rows, measured_costs, micro = {}, None, {}
   for name in strategies:
     stats = {}
     trainer, step = run_strategy(spec, name, placement, stats=stats)
     if costs and measured_costs is None:
       measured_costs = profiling.measure_module_costs(trainer, x, y)
+    m = parse_cell(name)[1]
+    if measured_costs is not None and m > 1 and m not in micro:
+      # One microbatch's ops, timed M at a time inside one graph.
+      micro[m] = profiling.measure_module_costs(trainer, x, y,
+                                                microbatches=m)
     predicted = None if measured_costs is None else predict(
         measured_costs, name, num_cores, threads, module_devices,
+        microbatch_costs=micro,
         ops_per_device=1 + max(module_devices or [0]))
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],

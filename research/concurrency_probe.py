@@ -24,7 +24,8 @@ the factor c of `schedule.slowdown` that explains `two_devices` under
 processor sharing (`schedule.contention_factor`); `research.model_validation`
 passes it to the schedule model. Each time is the
 median of --repeats calls after 2 warm-ups, for each batch of --batches
-(the full batch and its microbatches).
+(the full batch and its microbatches); the cases take turns, one call each
+per round, so the host's drift reaches them alike.
 """
 
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
@@ -76,16 +77,26 @@ _OUT = flags.DEFINE_string("out", None,
                            "Also write the JSON report to this file.")
 
 
-def _median_s(fn, repeats):
-  fn()
-  fn()
-  times = []
+def _medians_s(cases, repeats):
+  """{name: median seconds} of each (name, fn) in `cases`, timed in turns.
+
+  Each round calls every case once, so a change of the host's speed while
+  the probe runs (20-30% within minutes on a shared VM,
+  research.host_reference) reaches every case alike instead of biasing the
+  ratio of whichever case ran in the slow minutes.
+  """
+  for _, fn in cases:
+    fn()
+    fn()
+  times = {name: [] for name, _ in cases}
   for _ in range(repeats):
-    start = time.perf_counter()
-    # expand_composites: an embedding's gradient is an IndexedSlices.
-    tf.nest.map_structure(lambda t: t.numpy(), fn(), expand_composites=True)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+    for name, fn in cases:
+      start = time.perf_counter()
+      # expand_composites: an embedding's gradient is an IndexedSlices.
+      tf.nest.map_structure(lambda t: t.numpy(), fn(),
+                            expand_composites=True)
+      times[name].append(time.perf_counter() - start)
+  return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def _chain(x, weights, op):
@@ -127,9 +138,8 @@ def probe(devices, batch, width, layers, repeats, op="matmul"):
     with tf.device(devices[0]):
       return _chain(x0, w0, op), _chain(x1, w0, op)
 
-  return {name: _median_s(fn, repeats) for name, fn in (
-      ("alone", alone), ("two_devices", two_devices),
-      ("one_device", one_device))}
+  return _medians_s((("alone", alone), ("two_devices", two_devices),
+                     ("one_device", one_device)), repeats)
 
 
 # The model validation's networks (research.model_validation.NETWORKS), K = 2
@@ -181,9 +191,9 @@ def module_probe(devices, network, repeats, batch=None):
   def one_device():
     return work(first, x, devices[0]), work(second, h, devices[0])
 
-  times = {name: _median_s(fn, repeats) for name, fn in (
-      ("alone", alone), ("alone_second", alone_second),
-      ("two_devices", two_devices), ("one_device", one_device))}
+  times = _medians_s((("alone", alone), ("alone_second", alone_second),
+                      ("two_devices", two_devices),
+                      ("one_device", one_device)), repeats)
   # `alone` is the slower module alone: both at once at full speed take it.
   first, second = times["alone"], times.pop("alone_second")
   times["alone"], times["faster_alone"] = max(first, second), min(first,

@@ -70,3 +70,27 @@ def test_network_modules_are_timed_alone_and_side_by_side(tmp_path):
   # Two modules' work at once takes at least the slower one's alone (less
   # a little timing noise), whatever the contention.
   assert row["two_devices_ms"] > 0.5 * row["alone_ms"] > 0
+
+
+def test_the_cases_take_turns(monkeypatch):
+  # Each round calls every case once, in order, after two warm-ups each: a
+  # host that slows down half way through slows every case alike.
+  from research import concurrency_probe  # pylint: disable=import-outside-toplevel
+  calls, clock = [], [0.0]
+  monkeypatch.setattr(concurrency_probe.time, "perf_counter",
+                      lambda: clock[0])
+
+  def case(name, seconds):
+    def fn():
+      calls.append(name)
+      # The host runs twice as slowly from the 11th call on.
+      clock[0] += seconds * (2.0 if len(calls) > 10 else 1.0)
+      return []
+    return fn
+
+  medians = concurrency_probe._medians_s(  # pylint: disable=protected-access
+      (("a", case("a", 1.0)), ("b", case("b", 3.0))), repeats=4)
+  assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 4
+  # Rounds 1-3 at full speed, round 4 at half: each median is of 1, 1, 1, 2
+  # (times 3 for b), so the ratio b / a stays 3.
+  assert medians == {"a": 1.0, "b": 3.0}
