@@ -22,6 +22,13 @@ inside one long TF C++ call (a graph optimizer pass) it waits for that call
 to return, which is why `train.config` refuses networks whose graphs would
 keep TF busy for minutes (see `config.MAX_MODULES`).
 
+A signal that lands while TF's C++ is turning a status into a Python
+exception (`tf.io.gfile.exists` on a missing path raises NotFoundError
+inside pybind11) reaches us as pybind11's RuntimeError "MISMATCH of
+original and normalized active exception types: ORIGINAL NotFoundError
+REPLACED BY KeyboardInterrupt": `signal_in` reads the signal back out of
+it, so that it is still the signal's one line.
+
 `guard(hard_exit=True)` (train.worker) leaves with `os._exit` once the
 line is printed: the threads of TF's gRPC server can hold up a normal exit
 of the interpreter for good.
@@ -97,6 +104,24 @@ def _os_error_line(e):
   return f"{what}: {where or '(no path)'}" + (f" ({hint})" if hint else "")
 
 
+# pybind11's text when a signal's exception replaced the one a C++ call
+# was raising (its error_already_set, "MISMATCH ... REPLACED BY <type>").
+_REPLACED_BY = re.compile(
+    r"REPLACED BY (?:[\w.]+\.)?(KeyboardInterrupt|Terminated)\b")
+
+
+def signal_in(e):
+  """"SIGINT" or "SIGTERM" when `e` is pybind11's RuntimeError for a
+  signal's exception (KeyboardInterrupt or `Terminated`) that replaced the
+  one a TF C++ call was raising, else None."""
+  if not isinstance(e, RuntimeError):
+    return None
+  found = _REPLACED_BY.search(str(e))
+  if not found:
+    return None
+  return "SIGINT" if found.group(1) == "KeyboardInterrupt" else "SIGTERM"
+
+
 def describe(e):
   """The one line that reports expected fault `e`, or None for a bug.
 
@@ -148,6 +173,11 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
       except Terminated as e:
         _fail(f"stopped ({e}); {interrupted}", hard_exit)
       except Exception as e:  # pylint: disable=broad-except
+        signum = signal_in(e)
+        if signum == "SIGINT":
+          _fail(f"interrupted (SIGINT); {interrupted}", hard_exit)
+        if signum:
+          _fail(f"stopped ({signum}); {interrupted}", hard_exit)
         line = describe(e)
         if line is None:
           if not hard_exit:
