@@ -54,7 +54,9 @@ _INTRA = flags.DEFINE_integer("intra_op_threads", 1,
                               "Intra-op threads of the process (>= 1).")
 _WIDTH = flags.DEFINE_integer(
     "width", 1024, "Width of every Dense layer of a chain (>= 1).")
-_LAYERS = flags.DEFINE_integer("layers", 2, "Dense layers per chain (>= 1).")
+_LAYERS = flags.DEFINE_integer(
+    "layers", 2, "Dense layers per chain, or with a --network its layers or"
+    " blocks per module (the grid's: 2; the benchmark's MLP: 1) (>= 1).")
 _BATCHES = flags.DEFINE_list("batches", ["512", "256", "128", "64"],
                              "Batch sizes to time (each >= 1).")
 _REPEATS = flags.DEFINE_integer("repeats", 15, "Timed calls per case (>= 1).")
@@ -143,7 +145,7 @@ def probe(devices, batch, width, layers, repeats, op="matmul"):
 
 
 # The model validation's networks (research.model_validation.NETWORKS), K = 2
-# modules of 2 layers or blocks each.
+# modules of --layers layers or blocks each (2 in the grid).
 _SPECS = {
     "mlp": dict(model="mlp", width=1024, batch_size=512),
     "resnet": dict(model="resnet", preset="resnet20", image_size=28,
@@ -152,12 +154,13 @@ _SPECS = {
 }
 
 
-def module_probe(devices, network, repeats, batch=None):
-  """{case: seconds}: modules 1 and 2 of `network`, forward and weight VJP,
-  alone, side by side on two devices and together on one, on the first
-  `batch` examples (default: the network's whole batch)."""
+def module_probe(devices, network, repeats, batch=None, layers=2):
+  """{case: seconds}: modules 1 and 2 of `network` (`layers` layers or
+  blocks each), forward and weight VJP, alone, side by side on two devices
+  and together on one, on the first `batch` examples (default: the
+  network's whole batch)."""
   from research import benchmark_lib  # pylint: disable=import-outside-toplevel
-  spec = benchmark_lib.make_spec(num_modules=2, layers_per_module=2,
+  spec = benchmark_lib.make_spec(num_modules=2, layers_per_module=layers,
                                  **_SPECS[network])
   # Module k's weights on device k, as in the plan "2x1".
   trainer = benchmark_lib.build_trainer(
@@ -233,7 +236,7 @@ def main(argv):
     times = (probe(devices, batch, _WIDTH.value, _LAYERS.value,
                    _REPEATS.value, _OP.value) if _NETWORK.value == "chain"
              else module_probe(devices, _NETWORK.value, _REPEATS.value,
-                               batch))
+                               batch, _LAYERS.value))
     rows[batch] = dict(
         {f"{k}_ms": round(1e3 * v, 3) for k, v in times.items()},
         two_devices_ratio=round(times["two_devices"] / times["alone"], 3),

@@ -94,3 +94,33 @@ def test_the_cases_take_turns(monkeypatch):
   # Rounds 1-3 at full speed, round 4 at half: each median is of 1, 1, 1, 2
   # (times 3 for b), so the ratio b / a stays 3.
   assert medians == {"a": 1.0, "b": 3.0}
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_network_probe_builds_modules_of_the_layers_asked(monkeypatch,
+                                                            layers):
+  # The benchmark's MLP has 1 layer per module, the grid's 2: the probe of
+  # a network must measure the modules of the shape it is asked for.
+  import types  # pylint: disable=import-outside-toplevel
+  from research import benchmark_lib  # pylint: disable=import-outside-toplevel
+  from research import concurrency_probe  # pylint: disable=import-outside-toplevel
+  built = []
+
+  class Built(Exception):
+    pass
+
+  def build_trainer(spec, *args, **kwargs):
+    del args, kwargs
+    built.append(spec)
+    raise Built
+
+  monkeypatch.setattr(concurrency_probe, "_INTRA",
+                      types.SimpleNamespace(value=1))
+  monkeypatch.setattr(benchmark_lib, "build_trainer", build_trainer)
+  with pytest.raises(Built):
+    concurrency_probe.module_probe(["/cpu:0", "/cpu:1"], "mlp", 1,
+                                   layers=layers)
+  reference = benchmark_lib.make_spec(num_modules=2, layers_per_module=layers,
+                                      model="mlp", width=1024,
+                                      batch_size=512)
+  assert built == [reference]
