@@ -5,6 +5,7 @@ import keras
 import numpy as np
 
 from research import benchmark_lib
+from tf_interlock import placement as placement_lib
 from train import config as config_lib
 from train import optimization
 
@@ -81,3 +82,27 @@ def test_every_module_gets_the_production_sgd():
   assert isinstance(optimizer, keras.optimizers.SGD)
   assert np.isclose(float(optimizer.learning_rate), 0.01)
   assert optimizer.momentum == 0.9 and optimizer.weight_decay is None
+
+
+def test_a_pipeline_cell_is_predicted_from_its_own_microbatch_profile():
+  """measure_strategies profiles an e2e-mM cell's ops at batch / M (M at a
+  time in one graph) and predicts from them, not from the whole batch's
+  costs scaled by 1/M; a cell without microbatches uses the whole batch's."""
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
+                                 batch_size=8, steps=1, steps_per_loop=2)
+  devices = [0, 1]
+  placement = placement_lib.make_placement("simulated", 2,
+                                           module_devices=devices)
+  rows, costs = benchmark_lib.measure_strategies(
+      spec, ["e2e", "e2e-m2"], placement, num_cores=2,
+      module_devices=devices)
+
+  def whole_batch_prediction(name):
+    return benchmark_lib.predict(costs, name, 2, module_devices=devices,
+                                 ops_per_device=2)
+
+  assert rows["e2e"]["predicted_step_s"] == whole_batch_prediction("e2e")
+  piped = rows["e2e-m2"]["predicted_step_s"]
+  assert 0 < piped < float("inf")
+  assert piped != whole_batch_prediction("e2e-m2")
+  assert all(r["measured_step_s"] > 0 for r in rows.values())

@@ -7,6 +7,8 @@ test_cluster_faults.py and test_cluster_readme.py (marker `cluster`).
 import dataclasses
 import json
 import socket
+import threading
+import time
 
 import keras
 import pytest
@@ -120,6 +122,52 @@ def test_a_dead_worker_unnamed_by_tf_is_found_by_its_port():
     assert line.startswith(f"worker task 1 ({addresses[1]}) failed"), line
   finally:
     listening.close()
+
+
+def test_a_worker_still_going_down_is_named_once_it_refuses():
+  """A killed worker's port may accept for a moment: describe_failure asks
+  again until one refuses (here after about a second)."""
+  listening = []
+  for _ in range(2):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)  # never accepted: room for every probe's connection
+    listening.append(s)
+  addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in listening]
+  spec = cluster_lib.cluster_spec(",".join(addresses))
+  reset = tf.errors.UnavailableError(
+      None, None, "recvmsg:Connection reset by peer")
+  closer = threading.Timer(1.0, listening[1].close)
+  closer.start()
+  try:
+    started = time.monotonic()
+    line = cluster_lib.describe_failure(reset, spec, window_s=30.0)
+    assert line.startswith(f"worker task 1 ({addresses[1]}) failed"), line
+    assert time.monotonic() - started < 10.0
+  finally:
+    closer.cancel()
+    for s in listening:
+      s.close()
+
+
+def test_a_lost_worker_is_one_line_even_when_every_worker_accepts():
+  """UnavailableError while every port accepts: one line that says so,
+  with TF's first line and the cluster, never TF's raw message."""
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(1)
+  try:
+    address = f"127.0.0.1:{listening.getsockname()[1]}"
+    spec = cluster_lib.cluster_spec(address)
+    reset = tf.errors.UnavailableError(
+        None, None, "recvmsg:Connection reset by peer\nmore detail")
+    line = cluster_lib.describe_failure(reset, spec, window_s=0.0)
+  finally:
+    listening.close()
+  assert line.startswith("a worker failed or became unreachable "
+                         "(UnavailableError: recvmsg:Connection reset by "
+                         "peer), but every worker"), line
+  assert address in line and "\n" not in line and "rerun to resume" in line
 
 
 def test_missing_workers_are_named_after_a_bounded_wait():

@@ -32,6 +32,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 60.0
 # A task named in TF's error messages, e.g. "/job:worker/replica:0/task:1".
 _TASK_IN_ERROR = re.compile(r"/job:worker/(?:replica:\d+/)?task:(\d+)")
 _PORT_IN_ERROR = re.compile(r"ipv[46]:\[?([^\s\]]+?)\]?:(\d+)")
+# Seconds a runtime error naming no worker waits for one to refuse
+# connections: a worker that is still going down may accept for a moment.
+DEAD_WORKER_WINDOW_S = 10.0
 
 
 def parse_addresses(text):
@@ -205,18 +208,44 @@ def worker_devices():
           for t in sorted(kinds)]
 
 
-def describe_failure(error, spec):
+def refusing_tasks(addresses, window_s=DEAD_WORKER_WINDOW_S):
+  """The tasks whose `host:port` refuses TCP connections.
+
+  Every address is tried; while none refuses, all are tried again every
+  half second for up to `window_s` (a killed worker's port may still accept
+  until its process is gone).
+
+  Args:
+    addresses: the workers' `host:port`, in task order.
+    window_s: how long to keep trying while every worker accepts.
+
+  Returns:
+    The refusing tasks, possibly none.
+  """
+  deadline = time.monotonic() + window_s
+  while True:
+    tasks = [t for t, address in enumerate(addresses)
+             if not reachable(address, 2.0)]
+    if tasks or time.monotonic() >= deadline:
+      return tasks
+    time.sleep(0.5)
+
+
+def describe_failure(error, spec, window_s=DEAD_WORKER_WINDOW_S):
   """One line naming the worker an error of TF's runtime came from.
 
   TF reports a dead worker as "remote target has been disconnected",
   "failed to connect to all addresses" or "Connection reset by peer",
   sometimes with the task (`/job:worker/replica:0/task:1`) or its address
-  in a long message, sometimes with neither: then every worker's port is
-  tried once, and the ones that refuse are named.
+  in a long message, sometimes with neither: then the workers whose ports
+  refuse connections are named (see `refusing_tasks`). If an
+  UnavailableError or AbortedError still names no worker, the line says
+  that every worker accepts connections, with TF's own first line.
 
   Args:
     error: a `tf.errors.OpError`.
     spec: the cluster's ClusterSpec.
+    window_s: see `refusing_tasks`.
 
   Returns:
     The line, or None when the error is not a lost worker of `spec`.
@@ -232,13 +261,21 @@ def describe_failure(error, spec):
       tasks += [t for t, address in enumerate(addresses)
                 if address.rsplit(":", 1)[1] == port and (
                     host in address or address.startswith(("localhost", "[")))]
-  if not tasks and isinstance(error, (tf.errors.UnavailableError,
-                                      tf.errors.AbortedError)):
-    tasks = [t for t, address in enumerate(addresses)
-             if not reachable(address, 2.0)]
-  if not tasks:
-    return None
-  names = ", ".join(f"task {t} ({addresses[t]})" for t in sorted(set(tasks)))
-  return (f"worker {names} failed or became unreachable "
-          f"({type(error).__name__}); the last checkpoint is intact: restart "
-          f"it (python -m train.worker --task=N) and rerun to resume")
+  lost = isinstance(error, (tf.errors.UnavailableError,
+                            tf.errors.AbortedError))
+  if not tasks and lost:
+    tasks = refusing_tasks(addresses, window_s)
+  resume = "(python -m train.worker --task=N) and rerun to resume"
+  if tasks:
+    names = ", ".join(f"task {t} ({addresses[t]})" for t in sorted(set(tasks)))
+    return (f"worker {names} failed or became unreachable "
+            f"({type(error).__name__}); the last checkpoint is intact: "
+            f"restart it {resume}")
+  if lost:
+    first = (text.strip().splitlines() or [""])[0]
+    return (f"a worker failed or became unreachable ({type(error).__name__}: "
+            f"{first}), but every worker ({', '.join(addresses)}) still "
+            f"accepts connections after {window_s:g} s, so TF's error names "
+            f"none; the last checkpoint is intact: restart the worker that "
+            f"stopped {resume}")
+  return None

@@ -36,31 +36,52 @@ TEST_FOLDER = "tests"
 # Bazel test size per test file; any other test is DEFAULT_TEST_SIZE. The size
 # sets Bazel's timeout: small 60 s, medium 300 s, large 900 s. Importing
 # TensorFlow (conftest.py) alone takes several seconds, and 2 cores run two
-# tests at once, so only pure-logic tests are small; the tests that start the
-# training binaries many times over are large.
+# tests at once: small are the tests that took under 21 s under Bazel on 2
+# cores (pure logic, or a few tiny graphs); .ci/run runs these under Bazel.
+# The tests that start the training binaries many times over are large.
 DEFAULT_TEST_SIZE = "medium"
 TEST_SIZES = {
+    "tests/test_aux_heads.py": "small",
     "tests/test_benchmark.py": "large",
+    "tests/test_benchmark_spec.py": "small",
     "tests/test_cluster.py": "large",
     "tests/test_cluster_faults.py": "large",
     "tests/test_cluster_readme.py": "large",
     "tests/test_cluster_replicas.py": "large",
+    "tests/test_cluster_unit.py": "small",
     "tests/test_collapse_probe.py": "large",
     "tests/test_compare.py": "large",
     "tests/test_compare_ownership.py": "large",
+    "tests/test_controller.py": "small",
+    "tests/test_data_fashion_mnist.py": "small",
+    "tests/test_exits.py": "small",
     "tests/test_flag_validation.py": "large",
     "tests/test_hostile_inputs.py": "large",
+    "tests/test_install.py": "small",
+    "tests/test_interlock_module.py": "small",
     "tests/test_keras_habits.py": "large",
     "tests/test_keras_model.py": "large",
+    "tests/test_losses.py": "small",
     "tests/test_model_validation.py": "large",
     "tests/test_module_functions.py": "large",
     "tests/test_multi_worker_mirrored.py": "large",
     "tests/test_partition.py": "small",
+    "tests/test_placement.py": "small",
+    "tests/test_presets_balance.py": "small",
+    "tests/test_projection.py": "small",
     "tests/test_readme.py": "large",
     "tests/test_reliability.py": "large",
     "tests/test_routing.py": "small",
+    "tests/test_run_dir.py": "small",
+    "tests/test_schedule.py": "small",
+    "tests/test_schedule_contention.py": "small",
+    "tests/test_schedule_costs.py": "small",
+    "tests/test_schedule_transfer.py": "small",
+    "tests/test_threading_plan.py": "small",
     "tests/test_tracing_time.py": "large",
     "tests/test_train_binaries.py": "large",
+    "tests/test_transfer.py": "small",
+    "tests/test_worked_example.py": "small",
 }
 _VALID_SIZES = ("small", "medium", "large", "enormous")
 # Files besides pytest.ini that a test reads at run time.
