@@ -18,7 +18,8 @@ test: setup
 	$(PYTHON) -m pytest -q --durations=10 -m "not cluster and not slow"
 
 # The binaries under attack: dozens of processes each (bad flags, hostile
-# files, signals, kill-and-resume, compare's refusals). .ci/run runs them.
+# files, signals, kill-and-resume, compare's refusals), and the research
+# tools' binaries end to end. .ci/run runs them.
 test-slow: setup
 	$(PYTHON) -m pytest -q --durations=10 -m "slow and not cluster"
 

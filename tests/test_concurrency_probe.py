@@ -17,6 +17,7 @@ def _run(*flags):
       env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_report_times_every_case_for_every_batch(tmp_path):
   out = tmp_path / "probe.json"
   run = _run("--width=32", "--layers=1", "--batches=8,4", "--repeats=2",
@@ -36,6 +37,7 @@ def test_report_times_every_case_for_every_batch(tmp_path):
   assert run.stdout.splitlines()[0].startswith("batch | alone ms")
 
 
+@pytest.mark.slow
 def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
   out = tmp_path / "probe.json"
   for flags, received in ((["--devices=1"], "Received: devices=1"),
@@ -49,6 +51,7 @@ def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
   assert not out.exists()
 
 
+@pytest.mark.slow
 def test_network_modules_are_timed_alone_and_side_by_side(tmp_path):
   out = tmp_path / "probe.json"
   run = _run("--network=mlp", "--repeats=1", "--microbatches=4",

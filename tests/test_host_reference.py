@@ -23,6 +23,7 @@ def test_bad_repeats_fail_in_one_line(repeats):
     host_reference.reference_time(repeats=repeats)
 
 
+@pytest.mark.slow
 def test_the_profile_role_records_the_reference_around_its_report():
   flags = ["--role=profile", "--placement=simulated", "--num_modules=2",
            "--layers_per_module=1", "--threads_per_device=1",

@@ -21,6 +21,7 @@ def _run(*flags):
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_bad_flags_fail_in_one_line_before_writing(tmp_path):
   kept = tmp_path / "kept"
   kept.mkdir()
@@ -183,6 +184,7 @@ def _earlier_run(tmp_path):
   return predictions, measured, old
 
 
+@pytest.mark.slow
 def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
   import json  # pylint: disable=import-outside-toplevel
   predictions, measured, old = _earlier_run(tmp_path)
@@ -207,6 +209,7 @@ def test_repredict_from_an_earlier_run_is_marked_in_sample(tmp_path):
   assert "Contention c: 1 (none) (from none)." in report
 
 
+@pytest.mark.slow
 def test_repredict_with_a_probe_contention_slows_overlapping_cells(
     tmp_path):
   import json  # pylint: disable=import-outside-toplevel
@@ -240,6 +243,7 @@ def test_repredict_with_a_probe_contention_slows_overlapping_cells(
           f"{probes / 'mlp.json'})." in report)
 
 
+@pytest.mark.slow
 def test_repredict_takes_the_contention_of_each_cells_batch_and_threads(
     tmp_path):
   """A cell of M microbatches takes the probe's factor at batch / M (the

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests import binaries
@@ -24,6 +25,7 @@ def _weights(model_dir):
           if "VARIABLE_VALUE" in n and not n.startswith("save_counter")}
 
 
+@pytest.mark.slow
 def test_deterministic_runs_are_bitwise_equal_with_onednn(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT,
              TF_ENABLE_ONEDNN_OPTS="1")
@@ -43,6 +45,7 @@ def test_deterministic_runs_are_bitwise_equal_with_onednn(tmp_path):
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_onednn_effect_measures_both_settings_in_their_own_processes(
     tmp_path):
   out_dir = tmp_path / "effect"
@@ -64,6 +67,7 @@ def test_onednn_effect_measures_both_settings_in_their_own_processes(
   assert "| local step, 4 cores (model) |" in report
 
 
+@pytest.mark.slow
 def test_onednn_effect_refuses_an_unknown_preset(tmp_path):
   proc = binaries.run_binary("research.onednn_effect", "--presets=mnist",
                              f"--out_dir={tmp_path / 'x'}", check=False)

@@ -29,6 +29,7 @@ def test_bad_flags_fail_in_one_line(flag, shown):
   assert "Received:" in lines[0]
 
 
+@pytest.mark.slow
 def test_one_cell_times_tracing_then_steady_calls():
   proc = binaries.run_binary(
       "research.tracing_time", "--model=mlp", "--width=32", "--batch_size=8",
