@@ -99,7 +99,7 @@ def test_another_layers_package_first_on_the_path_fails_in_one_line(
 
 def test_readme_has_the_trainer_and_the_keras_examples():
   blocks = _blocks()
-  assert len(blocks) == 2
+  assert len(blocks) == 2, len(blocks)
   for block in blocks:
     # The public front door: no submodule imports in the examples.
     assert "import tf_interlock as ti" in block
