@@ -98,7 +98,7 @@ TEST_DATA = {
     "tests/test_exits.py": ["docs/results/study_fashion_mnist/results.json"],
     # Reads the source of every floor, including files no test imports.
     "tests/test_import_direction.py": [
-        "layers/", "tf_interlock/", "train/", "research/"],
+        "layers/", "tf_interlock/", "step_model/", "train/", "research/"],
 }
 
 _HEADER = """\

@@ -20,7 +20,7 @@ import keras
 import tensorflow as tf
 
 from layers import partition
-from tf_interlock import schedule
+from step_model import schedule
 
 
 def _median_time(fn, repeats, calls=1):
