@@ -15,7 +15,7 @@ microbatched e2e pipeline (the fastest e2e-mM that ran, GPipe-style).
 for `research.model_validation`, which predicts before it times.
 
 With --placement=simulated, TF's thread pools are fixed per process, so each
-threading plan (`tf_interlock.threading_plan`: logical devices, intra-op
+threading plan (`step_model.threading_plan`: logical devices, intra-op
 threads per device, modules per device) runs in its own worker process:
 first one device per module with one thread, whose measured op costs let the
 schedule model choose each strategy's plan for --num_cores cores; then each
@@ -34,9 +34,9 @@ import tensorflow as tf  # noqa: E402
 
 from layers import resnet  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
-from tf_interlock import profiling  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
-from tf_interlock import threading_plan  # noqa: E402
+from step_model import profiling  # noqa: E402
+from step_model import threading_plan  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from research import host_reference  # noqa: E402
 from train import error_boundary  # noqa: E402

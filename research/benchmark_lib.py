@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
-from tf_interlock import profiling
-from tf_interlock import schedule
 from tf_interlock.trainer import InterlockTrainer
+from step_model import profiling
+from step_model import schedule
 from train import config as config_lib
 from train import datasets
 from train import networks

@@ -99,7 +99,7 @@ def profile():
   # pylint: disable=import-outside-toplevel
   from tf_interlock import exits
   from tf_interlock import placement as placement_lib
-  from tf_interlock import profiling
+  from step_model import profiling
   from research import benchmark_lib
   k, spec = _K.value, _spec()
   placement_lib.configure_simulated_devices(k, intra_op_threads=1,
@@ -137,8 +137,8 @@ def predictions(prof, link):
   """ms/step per cell: cluster (transfer ops) and simulated (none)."""
   # pylint: disable=import-outside-toplevel
   import numpy as np
-  from tf_interlock import schedule
-  from tf_interlock import transfer
+  from step_model import schedule
+  from step_model import transfer
   from research import benchmark_lib
   costs = benchmark_lib.costs_from_ms(prof["costs_ms"])
   sizes = [4 * int(np.prod(s)) for s in prof["boundary_shapes"]]
@@ -167,7 +167,7 @@ def child(role):
   # pylint: disable=import-outside-toplevel
   from tf_interlock import cluster as cluster_lib
   from tf_interlock import placement as placement_lib
-  from tf_interlock import transfer
+  from step_model import transfer
   from research import benchmark_lib
   k = _K.value
   if role == "simulated":

@@ -48,9 +48,9 @@ from layers.aux_heads import SequenceAuxHead
 from layers.transformer import TransformerBlock
 from tf_interlock import losses
 from tf_interlock import paths
-from tf_interlock import representation
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
+from step_model import representation
 from train import config as config_lib
 from train import datasets
 from train import error_boundary

@@ -11,7 +11,7 @@ given here, and is evaluated on the whole evaluation split (unless
 op costs (`research.module_costs`) and the schedule model predict each
 strategy's step time with one core per module; the report puts the measured
 per-step curves on the measured and on the predicted time axis (see
-`tf_interlock.projection`).
+`step_model.projection`).
 
 A run with an out_dir/<strategy>/seed_<seed>/result.json is not rerun; an
 unfinished one restarts from scratch. Writes results.json, report.md and the

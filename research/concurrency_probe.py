@@ -3,7 +3,7 @@ r"""How ops on simulated devices really share the cores: a measurement.
   python -m research.concurrency_probe \
       --out=docs/results/model_validation/concurrency_probe.json
 
-The schedule model (`tf_interlock.schedule`) assumes that a device runs one
+The schedule model (`step_model.schedule`) assumes that a device runs one
 op at a time and that ops on different devices run at full speed side by
 side, each on its own core. Simulated devices are logical CPUs of one
 process whose thread pools are process-wide
@@ -43,8 +43,8 @@ import tensorflow as tf
 
 from tf_interlock import paths
 from tf_interlock import placement
-from tf_interlock import schedule
-from tf_interlock import threading_plan
+from step_model import schedule
+from step_model import threading_plan
 from train import config as config_lib
 from train import error_boundary
 

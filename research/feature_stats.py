@@ -22,8 +22,8 @@ from absl import flags
 import tensorflow as tf
 
 from tf_interlock import exits
-from tf_interlock import representation
 from tf_interlock.run_dir import RunDir
+from step_model import representation
 from train import config as config_lib
 from train import datasets
 from train import error_boundary

@@ -26,7 +26,7 @@ For every network and threading plan of the grid, in this order:
    profile) with model x drift / measured.
 
 A plan is K modules on D simulated devices of t intra-op threads on this
-host's cores (`tf_interlock.threading_plan`): "2x1" is K = 2 on 2 devices x
+host's cores (`step_model.threading_plan`): "2x1" is K = 2 on 2 devices x
 1 thread (one core per module on a 2-core host), "4x1", "4x2" K = 4 on 4
 devices of 1 or 2 threads, "4on2" K = 4 on 2 devices x 1 thread with 2
 modules each. Every network has the same 4 layers (blocks) at K = 2 and 4.
@@ -45,7 +45,7 @@ from absl import app
 from absl import flags
 
 from tf_interlock import paths
-from tf_interlock import threading_plan
+from step_model import threading_plan
 from research import benchmark_lib
 from train import config as config_lib
 from train import error_boundary

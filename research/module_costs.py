@@ -6,7 +6,7 @@ r"""Per-module op costs of a configured network: `python -m research.module_cost
 Builds the trainer a `train.train` run with the same flags would build (its
 own process: placement configures the devices), times each module's forward,
 input VJP, weight VJP, aux head and update with
-`tf_interlock.profiling.measure_module_costs` on one training batch, and
+`step_model.profiling.measure_module_costs` on one training batch, and
 writes them as JSON, with what `schedule.simulate` needs besides: which
 modules have an aux head and the number of microbatches. With
 --repetitions > 1 the costs are medians over that many full measurements,
@@ -35,8 +35,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from tf_interlock import profiling
-from tf_interlock import schedule
+from step_model import profiling
+from step_model import schedule
 from train import config as config_lib
 from train import error_boundary
 from train import flags_lib

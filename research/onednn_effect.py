@@ -9,7 +9,7 @@ TF reads TF_ENABLE_ONEDNN_OPTS once, when it loads, so each setting runs
 and batch, one thread per op). Off and on alternate for --rounds rounds and
 the median of each op cost is kept, which evens out a busy machine. From
 the costs it reports the one-thread work of a step and, through the schedule
-model (`tf_interlock.schedule`), each strategy's step time on this host's
+model (`step_model.schedule`), each strategy's step time on this host's
 cores and with one core per module: the effect on every strategy.
 Writes onednn_effect.json and onednn_effect.md to --out_dir.
 """
@@ -28,8 +28,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from tf_interlock import schedule
-from tf_interlock import threading_plan
+from step_model import schedule
+from step_model import threading_plan
 from train import config as config_lib
 from train import error_boundary
 

@@ -27,9 +27,9 @@ from typing import Optional
 import tensorflow as tf
 
 from tf_interlock import metric_names
-from tf_interlock import projection
-from tf_interlock import schedule
 from tf_interlock import strategy as strategy_lib
+from step_model import projection
+from step_model import schedule
 from train import config as config_lib
 from research import study_clock
 from research import study_owner

@@ -2,7 +2,7 @@
 
 The measured side uses this machine's training clock; the predicted side
 puts the same per-step curves on the time axis step * (schedule model's step
-time with one core per module), see `tf_interlock.projection`.
+time with one core per module), see `step_model.projection`.
 
 In --report_dir (say docs/results/NAME, next to a hand-written reading.md)
 compare replaces only its own outputs: an existing results.json, report.md
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tf_interlock import metric_names
 from tf_interlock import paths
-from tf_interlock import projection
+from step_model import projection
 from research import study_lib
 from research import study_owner
 from research import study_store

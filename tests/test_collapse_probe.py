@@ -1,4 +1,4 @@
-"""research.collapse_probe and its measurements (tf_interlock.representation):
+"""research.collapse_probe and its measurements (step_model.representation):
 angles between h and dL/dh, how h moved, and the LayerNorm ablations, on
 hand-built tensors and a tiny Transformer with known answers."""
 
@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from layers.transformer import transformer_lm_modules
 from tests.binaries import ROOT, run_binary, tree_digest
-from tf_interlock import representation
 from tf_interlock import strategy as strategy_lib
+from step_model import representation
 from research import collapse_probe
 
 

@@ -1,10 +1,10 @@
-"""tf_interlock.representation (research.feature_stats): a collapsed module's output is told from a healthy
+"""step_model.representation (research.feature_stats): a collapsed module's output is told from a healthy
 one by its statistics (hand-built features with known answers)."""
 
 import numpy as np
 import pytest
 
-from tf_interlock import representation as feature_stats
+from step_model import representation as feature_stats
 
 
 def _positions(num_tokens=20, repeats=30, seed=0):

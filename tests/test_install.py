@@ -3,9 +3,10 @@
 This test checks what decides the install's contents: the configuration
 parses with the setuptools of this environment, and its package list is
 exactly the package folders (with an __init__.py) of what a library user
-imports, tf_interlock and layers; the binaries (train/) and the research
-tools (research/) run from a checkout, so no generic top-level `train` or
-`research` lands in site-packages. tests/test_readme.py runs a real, offline `pip install --target`
+imports, tf_interlock and layers; the binaries (train/), the step-time
+model (step_model/) and the research tools (research/) run from a checkout,
+so no generic top-level `train`, `step_model` or `research` lands in
+site-packages. tests/test_readme.py runs a real, offline `pip install --target`
 and the README's examples against it.
 """
 
@@ -42,6 +43,6 @@ def test_pyproject_lists_every_package():
       for dep in config["project"]["dependencies"]}
   assert sorted(config["tool"]["setuptools"]["packages"]) == (
       _package_folders())
-  assert not {"train", "research"} & {
+  assert not {"train", "step_model", "research"} & {
       name.split(".")[0] for name in config["tool"]["setuptools"]["packages"]}
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tf_interlock import schedule
+from step_model import schedule
 from research import benchmark_lib
 from research import validation_report
 
@@ -251,7 +251,7 @@ def test_repredict_takes_the_contention_of_each_cells_batch_and_threads(
   device with a probe of 2-thread modules lets every device run an op at
   once (4 x 2 cores: the OS shares them), each slowed by that factor."""
   import json  # pylint: disable=import-outside-toplevel
-  from tf_interlock import threading_plan  # pylint: disable=import-outside-toplevel
+  from step_model import threading_plan  # pylint: disable=import-outside-toplevel
   predictions, measured, old = _earlier_run(tmp_path)
   group = predictions["groups"]["mlp/2x1"]
   predictions["groups"]["mlp/4x2"] = dict(

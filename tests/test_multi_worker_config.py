@@ -98,12 +98,11 @@ def test_join_gives_the_collectives_the_cluster_timeout(monkeypatch):
   calls = []
   monkeypatch.setattr(multi_worker.replicas_lib, "connect",
                       lambda **kwargs: calls.append(kwargs) or kwargs)
-  multi_worker._join.cache_clear()  # pylint: disable=protected-access
+  _forget_the_join(monkeypatch)
   _task(monkeypatch, "worker", 1)
   config = dataclasses.replace(_config(placement="simulated"),
                                cluster_timeout_s=7.5)
   multi_worker.join(config)
-  multi_worker._join.cache_clear()  # pylint: disable=protected-access
   assert calls[0]["timeout_s"] == 7.5
 
 
@@ -125,3 +124,43 @@ def test_the_input_position_is_kept_unless_mirrored(monkeypatch):
   assert multi_worker.input_position(_config("single"), iterator) == {}
   assert multi_worker.input_position(_config("simulated"), iterator) == {
       "iterator": iterator}
+
+
+def test_a_replicas_task_with_threads_per_device_joins_once(monkeypatch):
+  # The binary's order: preflight's setup_runtime, run's setup_runtime, then
+  # build (and make_distribute inside it). A simulated replicas task with
+  # t = 2 threads per device once joined with t = 2 in setup_runtime and
+  # again with t = 1 in build: a second replicas.connect, which splits the
+  # host CPU after the runtime started and fails. A stub records each join
+  # (joining for real needs processes: test_cluster_replicas.py) and hands
+  # back a one-device placement, so build runs in this process.
+  from tf_interlock import placement as placement_lib  # pylint: disable=g-import-not-at-top
+  from train import runtime_setup  # pylint: disable=g-import-not-at-top
+  from train import train_lib  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def connect(**kwargs):
+    calls.append(kwargs)
+    return None, placement_lib.Placement("single"), None
+
+  monkeypatch.setattr(multi_worker.replicas_lib, "connect", connect)
+  _forget_the_join(monkeypatch)
+  _task(monkeypatch, "worker", 1)
+  config = dataclasses.replace(_config("simulated"), num_modules=2,
+                               threads_per_device=2, mlp_width=8)
+  config_lib.validate(config)
+  with pytest.raises(RuntimeError, match=r"has not joined it: runtime_setup"
+                     r"\.setup_runtime\(config\) joins.*placement=simulated"):
+    train_lib.build(config)
+  assert not calls
+  runtime_setup.setup_runtime(config)  # preflight.validate_for_run's
+  runtime_setup.setup_runtime(config)  # train_lib.run's
+  trainer, _, _ = train_lib.build(config)
+  assert [call["intra_op_threads"] for call in calls] == [2]
+  assert calls[0]["kind"] == "simulated" and calls[0]["num_modules"] == 2
+  assert trainer.num_modules == 2
+
+
+def _forget_the_join(monkeypatch):
+  # A new process as far as joining goes; the record returns after the test.
+  monkeypatch.setattr(multi_worker, "_JOINED", {})

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from layers import partition
-from tf_interlock import profiling
-from tf_interlock.schedule import ModuleCost
+from step_model import profiling
+from step_model.schedule import ModuleCost
 from train.presets import fashion_mnist_resnet
 from train.presets import fortunes_lm_paper_shape
 

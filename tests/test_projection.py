@@ -4,7 +4,7 @@ Every expected number below is worked out by hand in the comments."""
 
 import pytest
 
-from tf_interlock import projection
+from step_model import projection
 from research import study_clock
 from research import study_lib
 from research import study_report

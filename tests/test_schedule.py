@@ -1,4 +1,4 @@
-"""Tests of the list-scheduling step-time model (tf_interlock/schedule.py).
+"""Tests of the list-scheduling step-time model (step_model/schedule.py).
 
 Costs are dyadic fractions so that every hand-derived time is exact.
 """
@@ -8,8 +8,8 @@ import random
 import pytest
 
 from tf_interlock import routing
-from tf_interlock import schedule
-from tf_interlock.schedule import ModuleCost
+from step_model import schedule
+from step_model.schedule import ModuleCost
 
 # f = 1, bx = 2, bw = 3, a = 0.5, u = 0.25: every cost differs, so a formula
 # that picks the wrong ops gives a different number.

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from tf_interlock import schedule
-from tf_interlock.schedule import ModuleCost
+from step_model import schedule
+from step_model.schedule import ModuleCost
 
 # Two equal modules with aux heads; every op costs 1 alone.
 EQUAL = [ModuleCost(1.0, 1.0, 1.0, aux=1.0)] * 2

@@ -1,6 +1,6 @@
 """The schedule model's measured op shapes: the engine's fused backward pass,
 gradient accumulation across microbatches, and microbatch-sized op costs
-(tf_interlock/schedule.py), and the profiler that measures them.
+(step_model/schedule.py), and the profiler that measures them.
 
 Costs are dyadic fractions so that every hand-derived time is exact.
 """
@@ -10,9 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tf_interlock import profiling
-from tf_interlock import schedule
-from tf_interlock.schedule import ModuleCost
+from step_model import profiling
+from step_model import schedule
+from step_model.schedule import ModuleCost
 from research import benchmark_lib
 from research import validation_report
 

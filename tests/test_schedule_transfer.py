@@ -7,7 +7,7 @@ costs latency 0.25 + transfer 0.25 = 0.5.
 
 import pytest
 
-from tf_interlock import schedule
+from step_model import schedule
 
 # Module 0: forward 1, aux head 1, weight VJP 2. Module 1 (loss inside its
 # forward): forward 1, input VJP 1, weight VJP 1. No update cost.

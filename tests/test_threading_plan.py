@@ -5,9 +5,9 @@ Costs are dyadic where possible so that every hand-derived time is exact.
 
 import pytest
 
-from tf_interlock import schedule
-from tf_interlock import threading_plan
-from tf_interlock.schedule import ModuleCost
+from step_model import schedule
+from step_model import threading_plan
+from step_model.schedule import ModuleCost
 
 COST = ModuleCost(forward=1.0, input_vjp=2.0, weight_vjp=3.0, aux=0.5,
                   update=0.25)

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tests import binaries
 from tf_interlock import strategy as strategy_lib
-from tf_interlock import threading_plan
+from step_model import threading_plan
 from train import config as config_lib
 from train import runtime_setup
 

@@ -1,4 +1,4 @@
-"""Tests of the link probe (tf_interlock/transfer.py) on two logical CPUs.
+"""Tests of the link probe (step_model/transfer.py) on two logical CPUs.
 
 Between two logical devices of one process a hop is a memory copy, not a
 gRPC transfer: the figures are small, but the arithmetic is the same one
@@ -10,8 +10,8 @@ import math
 import pytest
 
 from tf_interlock import placement
-from tf_interlock import schedule
-from tf_interlock import transfer
+from step_model import schedule
+from step_model import transfer
 
 placement.configure_simulated_devices(2)
 CPU0, CPU1 = "/device:CPU:0", "/device:CPU:1"

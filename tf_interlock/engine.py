@@ -129,8 +129,25 @@ class InterlockStep:
     return tf.nn.compute_average_loss(
         per_example, global_batch_size=global_batch_size)
 
-  def _own_loss(self, k, logits, labels, global_batch_size, metrics):
-    """L_k averaged over the global batch; records loss and metric."""
+  def own_loss(self, k, logits, labels, global_batch_size, metrics):
+    """Module k's own loss L_k, as the step trains it.
+
+    Public for tools that time or inspect one module's ops
+    (`module_ops.module_loss`); the step itself calls it for every loss.
+
+    Args:
+      k: the module (0-based): its aux head's loss, or the true loss for
+        the last module.
+      logits: the aux head's output A_k(h_k), or h_{K-1} for the last module.
+      labels: the targets, passed to `loss_fn`.
+      global_batch_size: the examples the loss is averaged over.
+      metrics: a dict that gets "module_{k+1}/loss" (and "/accuracy" with a
+        `metric_fn`), this batch's contribution.
+
+    Returns:
+      L_k, a float32 scalar: the sum of the per-example losses over
+      `global_batch_size`.
+    """
     loss = self._average(self.loss_fn(labels, logits), global_batch_size,
                          "loss_fn")
     metrics[metric_names.metric_name(k, "loss")] = loss
@@ -193,8 +210,8 @@ class InterlockStep:
           # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
           # the true loss, taken on this tape.
           tape.watch(h)
-          loss = _scaled(self._own_loss(k, h, labels, global_batch_size,
-                                        metrics), scale)
+          loss = _scaled(self.own_loss(k, h, labels, global_batch_size,
+                                       metrics), scale)
       own_cot, phi_grads = None, []
       if last:
         own_cot = tape.gradient(loss, h)
@@ -280,8 +297,8 @@ class InterlockStep:
       # reads a detached h_k: a probe that can never reach theta.
       logits = module.aux_head(h if starts_stream else tf.stop_gradient(h),
                                training=True)
-      loss = _scaled(self._own_loss(k, logits, labels, global_batch_size,
-                                    metrics), scale)
+      loss = _scaled(self.own_loss(k, logits, labels, global_batch_size,
+                                   metrics), scale)
     if starts_stream:
       grads = tape.gradient(loss, phi + [h])
       return grads[-1], _zeros_like_none(grads[:-1], phi)

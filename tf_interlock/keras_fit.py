@@ -247,12 +247,9 @@ class FitLogs:
   `train_step`, a nested `tf.function`, under a `tf.cond` on the next
   batch, `unrolled_steps_per_execution` (default 1) steps per iteration,
   and returns the last step's outputs only. With `train_step` = one routed
-  step (`InterlockTrainer`'s replica step), on the benchmark MLP (K = 4,
-  4 simulated devices x 1 thread, 16 steps a call, interleaved calls on a
-  loaded 2-core host) it took, relative to `train_loop`: e2e 1.17x,
-  local 1.10x, 2wise 0.97x at Keras's default unrolling; with all 16 steps
-  unrolled, e2e 1.09x, local 1.01-1.03x, 2wise 0.99-1.00x: outside 5% for
-  e2e either way, so `fit` keeps calling `train_loop`.
+  step that loop was slower than `train_loop` for e2e
+  (docs/results/fit_train_function/report.md), so `fit` keeps calling
+  `train_loop`.
 
   Each call's means go into the model's trackers
   weighted by the steps it ran, so a tracker holds the epoch's running mean

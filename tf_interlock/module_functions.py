@@ -45,10 +45,9 @@ TRACED_KINDS = ("single", "simulated", "gpu")
 
 # Tracing a function costs more than tracing its ops once inline: TF also
 # builds the function's forward-with-intermediates and backward functions,
-# and the runtime instantiates the calls. On ResNet-20, K = 2
-# (docs/results/tracing), one unrolled step traced 2.6x slower with
-# functions, eight steps 2x faster: the functions pay from about 4 calls
-# per trace. A loop with fewer calls per module runs op by op.
+# and the runtime instantiates the calls. The functions pay from about 4
+# calls per trace (measured: docs/results/tracing/report.md). A loop with
+# fewer calls per module runs op by op.
 MIN_CALLS = 4
 
 

@@ -61,7 +61,7 @@ def configure_simulated_devices(num_devices, intra_op_threads=1,
   Must run before the TF runtime starts (before any tensor is created).
   Inter-op threads >= num_devices let the devices' ops run at the same time;
   intra_op = 1 (the default) stops one op from taking every core. Both
-  thread pools are process-wide (see `tf_interlock.threading_plan`).
+  thread pools are process-wide (see `step_model.threading_plan`).
 
   Args:
     num_devices: the number of logical CPU devices (usually K).

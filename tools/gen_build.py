@@ -64,10 +64,12 @@ TEST_SIZES = {
     "tests/test_losses.py": "small",
     "tests/test_model_validation.py": "large",
     "tests/test_module_functions.py": "large",
+    "tests/test_module_ops.py": "small",
     "tests/test_multi_worker_mirrored.py": "large",
     "tests/test_partition.py": "small",
     "tests/test_placement.py": "small",
     "tests/test_presets_balance.py": "small",
+    "tests/test_private_access.py": "small",
     "tests/test_projection.py": "small",
     "tests/test_readme.py": "large",
     "tests/test_reliability.py": "large",
@@ -98,7 +100,9 @@ TEST_DATA = {
     "tests/test_exits.py": ["docs/results/study_fashion_mnist/results.json"],
     # Reads the source of every floor, including files no test imports.
     "tests/test_import_direction.py": [
-        "layers/", "tf_interlock/", "train/", "research/"],
+        "layers/", "tf_interlock/", "step_model/", "train/", "research/"],
+    "tests/test_private_access.py": [
+        "layers/", "tf_interlock/", "step_model/", "train/", "research/"],
 }
 
 _HEADER = """\

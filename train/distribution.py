@@ -145,7 +145,7 @@ def make_distribute(config):
     config_lib.check_batch(config, distribute.num_replicas_in_sync)
     return distribute
   if multi_worker.mode(config) == "mirrored":
-    return multi_worker.join(config)[2]
+    return multi_worker.joined(config)[2]
   gpus = tf.config.list_logical_devices("GPU")
   if config.placement == "single" and len(gpus) > 1:
     return tf.distribute.MirroredStrategy()

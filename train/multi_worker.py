@@ -22,7 +22,6 @@ there one client drives every host.
 
 import atexit
 import dataclasses
-import functools
 import json
 import os
 import tempfile
@@ -68,31 +67,65 @@ def is_chief(config):
       not has_chief and int(task.get("index", 0)) == 0)
 
 
-@functools.lru_cache(maxsize=1)
-def _join(kind, num_modules, intra_op_threads, timeout_s):
-  if kind == "mirrored":
-    return None, None, tf.distribute.MultiWorkerMirroredStrategy()
-  return replicas_lib.connect(num_modules=num_modules, kind=kind,
-                              timeout_s=timeout_s,
-                              intra_op_threads=intra_op_threads)
+# The job this process joined: {(kind, K, timeout): what connect returned}.
+# TF's runtime joins one job per process, before its first op.
+_JOINED = {}
+
+
+def _job(config):
+  """The job config's task joins, as a key of _JOINED; None: it trains
+  alone."""
+  how = mode(config)
+  if how is None:
+    return None
+  kind = "mirrored" if how == "mirrored" else config.placement
+  return kind, config.num_modules, config.cluster_timeout_s
 
 
 def join(config, intra_op_threads=1):
-  """Joins the job TF_CONFIG names (once); before any other TF op.
+  """Joins the job TF_CONFIG names; before any other TF op.
+
+  `runtime_setup.setup_runtime` is the one caller: it knows the run's
+  threading plan, whose threads per device a simulated replicas task's
+  logical devices get. A process joins once; a later call for the same
+  job (setup_runtime runs in preflight and again in the run) returns what
+  the first one did. Everything after setup_runtime reads it with `joined`.
 
   Returns:
     `(replicas, placement, strategy)` (see `replicas.connect`; "mirrored":
     `(None, None, MultiWorkerMirroredStrategy)`), or None alone.
   """
-  how = mode(config)
-  if how is None:
+  job = _job(config)
+  if job is None:
     return None
-  kind = "mirrored" if how == "mirrored" else config.placement
-  # A collective waits --cluster_timeout_s for its peers: a dead peer then
-  # fails the step instead of hanging every other task.
-  return _join(kind, config.num_modules,
-               intra_op_threads if kind == "simulated" else 1,
-               config.cluster_timeout_s)
+  if job not in _JOINED:
+    kind, num_modules, timeout_s = job
+    if kind == "mirrored":
+      _JOINED[job] = None, None, tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+      # A collective waits --cluster_timeout_s for its peers: a dead peer
+      # then fails the step instead of hanging every other task.
+      _JOINED[job] = replicas_lib.connect(
+          num_modules=num_modules, kind=kind, timeout_s=timeout_s,
+          intra_op_threads=intra_op_threads if kind == "simulated" else 1)
+  return _JOINED[job]
+
+
+def joined(config):
+  """What `join` returned for config's job, or None when it trains alone.
+
+  Raises:
+    RuntimeError: the task has not joined yet (`setup_runtime` joins).
+  """
+  job = _job(config)
+  if job is None:
+    return None
+  if job not in _JOINED:
+    raise RuntimeError(
+        f"This task of a TF_CONFIG job has not joined it: "
+        f"runtime_setup.setup_runtime(config) joins, before any other TF op. "
+        f"Received: placement={config.placement}")
+  return _JOINED[job]
 
 
 def task_config(config):

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
-from tf_interlock import threading_plan
+import step_model
 from train import multi_worker
 
 
@@ -20,13 +20,13 @@ def simulated_plan(config):
   per op, and which device each module is on.
 
   A field set to 0 is chosen by the schedule model from nominal module costs
-  for this host's cores (`threading_plan.plan_for`); the default, 1 and 1,
+  for this host's cores (`step_model.plan_for`); the default, 1 and 1,
   is one device of one thread per module.
   """
-  return threading_plan.plan_for(
+  return step_model.plan_for(
       config.num_modules,
       strategy_lib.parse_strategy(config.strategy, config.variant),
-      threading_plan.host_cores(),
+      step_model.host_cores(),
       threads_per_device=config.threads_per_device or None,
       modules_per_device=config.modules_per_device or None)
 

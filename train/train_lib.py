@@ -95,7 +95,7 @@ def build(config):
   task = datasets.make_task(config)
   steps = optimization.total_steps(config)
   # A task of a replicas x modules job: module k on its own device k.
-  replicas, placement, _ = multi_worker.join(config) or (None, None, None)
+  replicas, placement, _ = multi_worker.joined(config) or (None, None, None)
   placement = placement or placement_lib.make_placement(
       config.placement, config.num_modules, distribute,
       module_devices=runtime_setup.module_devices(config))

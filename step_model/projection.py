@@ -3,7 +3,7 @@
 Accuracy per step does not depend on the hardware; the time a step takes
 does. A study therefore measures, per strategy and seed, the metric at evenly
 spaced training steps, and separately each strategy's step time: measured on
-this machine, and predicted by the schedule model (`tf_interlock.schedule`)
+this machine, and predicted by the schedule model (`step_model.schedule`)
 with one device per module. Putting a step curve on a time axis,
 seconds(step) = step * step_time, answers the two questions of Gomez et al.
 (2022, arXiv:2010.04116, Sec. 5): which metric does a strategy reach within a

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_interlock import schedule
+from step_model import schedule
 
 
 def _chain(src, dst, shape, hops):

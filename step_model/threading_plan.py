@@ -18,7 +18,7 @@ import dataclasses
 import os
 from typing import Sequence, Tuple
 
-from tf_interlock import schedule
+from step_model import schedule
 
 # Speedup of one op on t threads: 1 + (t - 1) * e. e = 0.64 was measured on
 # the 2-core test machine (a 512x1024x1024 matmul: 11.8 ms on one thread,

@@ -20,7 +20,8 @@ import keras
 import tensorflow as tf
 
 from layers import partition
-from tf_interlock import schedule
+from tf_interlock import module_ops
+from step_model import schedule
 
 
 def _median_time(fn, repeats, calls=1):
@@ -62,38 +63,28 @@ def _in_order(op, *inputs):
 def _op_functions(k, module, xs, cots, labels, step):
   """tf.functions for module k's forward and VJPs, each run on every
   microbatch of `xs` in order (closures: arguments of a tf.function would
-  be captured by value and lose their gradients)."""
-  theta = module.body.trainable_variables
-
-  def own_loss(logits, y, metrics):
-    # The engine's own L_k with its metrics, as the step computes it (the
-    # metrics are returned too, or the graph would prune them).
-    return step._own_loss(k, logits, y, int(y.shape[0]), metrics)  # pylint: disable=protected-access
+  be captured by value and lose their gradients). The ops are the engine's
+  own, through its public `module_ops`."""
 
   def final_loss_op(h, y):
     # The last module's L_{K-1} = loss(h, y) and its cotangent at h: inside
-    # F_{K-1} in the schedule model.
-    metrics = {}
+    # F_{K-1} in the schedule model (the metrics are returned too, or the
+    # graph would prune them).
     with tf.GradientTape() as tape:
       tape.watch(h)
-      loss = own_loss(h, y, metrics)
+      loss, metrics = module_ops.module_loss(step, k, h, y)
     return [tape.gradient(loss, h)] + list(metrics.values())
 
-  def vjp_op(sources, watch_input):
-    def op(x, cot):
-      with tf.GradientTape() as tape:
-        if watch_input:
-          tape.watch(x)
-        out = module.body(x, training=True)
-      return tape.gradient(out, sources(x), output_gradients=cot)
-    return op
+  def vjp_op(weights, inputs):
+    return lambda x, cot: module_ops.body_vjp(module, x, cot, weights=weights,
+                                              inputs=inputs)
 
   def aux_op(h, y):
     phi = module.aux_head.trainable_variables
-    metrics = {}
     with tf.GradientTape() as tape:
       tape.watch(h)
-      loss = own_loss(module.aux_head(h, training=True), y, metrics)
+      loss, metrics = module_ops.module_loss(
+          step, k, module.aux_head(h, training=True), y)
     return tape.gradient(loss, phi + [h]) + list(metrics.values())
 
   def run(op, *inputs):
@@ -101,10 +92,10 @@ def _op_functions(k, module, xs, cots, labels, step):
 
   return {
       "forward": run(lambda x: module.body(x, training=True), xs),
-      "input_vjp": run(vjp_op(lambda x: x, True), xs, cots),
-      "weight_vjp": run(vjp_op(lambda x: theta, False), xs, cots),
+      "input_vjp": run(vjp_op(weights=False, inputs=True), xs, cots),
+      "weight_vjp": run(vjp_op(weights=True, inputs=False), xs, cots),
       # The engine's fused pass: theta's and x's gradients in one backward.
-      "fused_vjp": run(vjp_op(lambda x: theta + [x], True), xs, cots),
+      "fused_vjp": run(vjp_op(weights=True, inputs=True), xs, cots),
       "aux": lambda hs: run(aux_op, hs, labels),
       "final_loss": lambda hs: run(final_loss_op, hs, labels),
   }
