@@ -344,3 +344,57 @@ def compare(model_fn, data, *, out_dir, strategies=("e2e", "2wise", "local"),
       run_all=run_all_common_steps,
       extra={"time_budget_s": time_budget_s, "model_fn": model_ref,
              "data": data_ref})
+
+
+# The Config flags `research.compare --model_fn` takes, and the argument of
+# `compare` each sets (--optimizer, --learning_rate and --seed apart).
+CONFIG_ARGS = {"train_steps": "steps", "time_budget_s": "time_budget_s",
+               "num_modules": "num_modules", "split": "split",
+               "aux_head": "aux_head", "batch_size": "batch_size",
+               "placement": "placement",
+               "threads_per_device": "threads_per_device",
+               "steps_per_loop": "steps_per_execution",
+               "eval_every_steps": "eval_every_steps"}
+# --aux_head's values as `from_keras` names them.
+_AUX_HEADS = {"pool": "linear", "authors": "authors", "none": None}
+
+
+def compare_from_flags(model_fn, data, config, given, *, preset_given,
+                       seeds, **kwargs):
+  """`research.compare --model_fn`: the Config flags given, as `compare`'s
+  arguments.
+
+  Args:
+    model_fn, data: --model_fn and --data.
+    config: `flags_lib.config_from_flags()`; only the `given` fields count.
+    given: the names of the Config flags given on the command line.
+    preset_given: whether --preset was given (refused: the network is
+      model_fn's).
+    seeds: --seeds, the number of runs per strategy (seed = --seed + i).
+    **kwargs: the other arguments of `compare`, from compare's own flags.
+
+  Returns:
+    `compare`'s summary.
+  """
+  allowed = set(CONFIG_ARGS) | {"optimizer", "learning_rate", "seed"}
+  if preset_given or given - allowed:
+    name = "preset" if preset_given else sorted(given - allowed)[0]
+    raise ValueError(
+        f"--{name} does not apply with --model_fn (your network and data "
+        f"stand for the preset); the flags it takes besides compare's: "
+        f"{', '.join('--' + n for n in sorted(allowed))}. "
+        f"Received: {name} given")
+  args = {CONFIG_ARGS[name]: getattr(config, name)
+          for name in given & set(CONFIG_ARGS)}
+  if "aux_head" in args:
+    args["aux_head"] = _AUX_HEADS[args["aux_head"]]
+  if given & {"optimizer", "learning_rate"}:
+    optimizer = keras.optimizers.get(config.optimizer if "optimizer" in given
+                                     else "adam")
+    if "learning_rate" in given:
+      optimizer = type(optimizer)(learning_rate=config.learning_rate)
+    args["optimizer"] = optimizer
+  first = config.seed if "seed" in given else 0
+  _check("seeds", seeds, 1)
+  return compare(model_fn, data, seeds=tuple(first + i for i in range(seeds)),
+                 **args, **kwargs)

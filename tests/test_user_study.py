@@ -12,6 +12,7 @@ import pytest
 
 from research import study_report
 from research import user_study
+from tests.binaries import run_binary
 from tests.keras_models import sequential_cnn
 
 SIZE, BATCH = 8, 8
@@ -76,3 +77,57 @@ def test_study_on_a_from_keras_model_writes_the_report(tmp_path):
       seeds=(0,), steps=4, eval_points=2, batch_size=BATCH, optimizer="sgd",
       cost_repeats=1)
   assert again["strategies"]["2wise"]["runs"] == rows["2wise"]["runs"]
+
+
+def test_command_line_with_a_time_budget(tmp_path):
+  out_dir = str(tmp_path / "study")
+  # 1e-9 s: the first call (tracing) is not counted, the second spends it,
+  # so every run stops after two steps, on any machine.
+  out = run_binary(
+      "research.compare", f"--model_fn={MODEL_FN}", f"--data={DATA}",
+      "--strategies=e2e,local", "--seeds=1", "--time_budget_s=1e-9",
+      "--eval_every_steps=1", f"--batch_size={BATCH}", "--optimizer=sgd",
+      "--learning_rate=0.05", "--cost_repeats=1", "--noplots",
+      f"--out_dir={out_dir}")
+  assert "report.md" in out.stdout
+  with open(os.path.join(out_dir, "results.json")) as f:
+    results = json.load(f)
+  assert results["time_budget_s"] == 1e-9
+  assert results["overrides"]["optimizer"]["config"][
+      "learning_rate"] == pytest.approx(0.05)
+  for name in ("e2e", "local"):
+    run, = results["strategies"][name]["runs"]
+    assert run["stopped_by_budget"] and run["steps"] == 2
+    assert [p["step"] for p in run["curve"]] == [1, 2]
+  with open(os.path.join(out_dir, "report.md")) as f:
+    title = f.readline()
+  assert title.startswith(f"# {MODEL_FN}: 1e-09 s of training (time budget)")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "steps=None, time_budget_s=None"),
+    ({"steps": 4, "time_budget_s": 1.0}, "steps=4, time_budget_s=1.0"),
+    ({"time_budget_s": 1.0}, "eval_every_steps=None"),
+    ({"steps": 5, "eval_points": 2}, "eval_points=2"),
+    ({"steps": 10, "seeds": ()}, r"seeds=\(\)"),
+    ({"steps": 10, "metric": "bleu"}, "metric='bleu'"),
+    ({"steps": 10, "strategies": ("e2e", "3wise")}, "strategies=e2e,3wise"),
+    ({"steps": 10, "optimizer": 0.1}, "optimizer=0.1"),
+])
+def test_bad_arguments_are_refused_before_anything_is_written(
+    tmp_path, kwargs, message):
+  out_dir = tmp_path / "study"
+  with pytest.raises(ValueError, match="Received: " + message):
+    user_study.compare(MODEL_FN, DATA, out_dir=str(out_dir), **kwargs)
+  assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("model_fn, message", [
+    (lambda: None, "model_fn=<function"),
+    ("tests.test_user_study", "model_fn='tests.test_user_study'"),
+    ("tests.no_such_module:f", "cannot import tests.no_such_module"),
+    ("tests.test_user_study:no_such_fn", "has no function no_such_fn"),
+])
+def test_model_fn_must_be_importable_by_name(tmp_path, model_fn, message):
+  with pytest.raises(ValueError, match=message):
+    user_study.compare(model_fn, DATA, out_dir=str(tmp_path), steps=4)
