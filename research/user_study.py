@@ -295,6 +295,9 @@ def compare(model_fn, data, *, out_dir, strategies=("e2e", "2wise", "local"),
     ValueError: in one line, before anything is written, for a bad
       argument or an out_dir this study cannot use.
   """
+  if not isinstance(out_dir, str) or not out_dir:
+    raise ValueError(f"out_dir must name a folder. "
+                     f"Received: out_dir={out_dir!r}")
   model_ref = reference(model_fn, "model_fn")
   data_ref = reference(data, "data")
   if metric not in METRICS:
@@ -338,7 +341,8 @@ def compare(model_fn, data, *, out_dir, strategies=("e2e", "2wise", "local"),
                f"--data={data_ref} (from Python: research.user_study.compare;"
                " every setting is in results.json's overrides)")
   return study_report.run_and_report(
-      study, eval_points=eval_points, target=target, plots=plots,
+      study, eval_points=eval_points if steps is not None else None,
+      target=target, plots=plots,
       cost_repeats=cost_repeats, command=command, report_dir=report_dir,
       break_lock=break_lock, train=train_cell, measure=measure_cell,
       run_all=run_all_common_steps,

@@ -92,7 +92,7 @@ def test_command_line_with_a_time_budget(tmp_path):
   assert "report.md" in out.stdout
   with open(os.path.join(out_dir, "results.json")) as f:
     results = json.load(f)
-  assert results["time_budget_s"] == 1e-9
+  assert results["time_budget_s"] == 1e-9 and results["eval_points"] is None
   assert results["overrides"]["optimizer"]["config"][
       "learning_rate"] == pytest.approx(0.05)
   for name in ("e2e", "local"):
