@@ -47,6 +47,7 @@ import sys
 import keras
 import tensorflow as tf
 
+import tf_interlock as ti
 from tf_interlock import paths
 from research import study_lib
 from research import study_report
@@ -54,6 +55,9 @@ from research import study_report
 METRICS = ("accuracy", "perplexity")
 PLACEMENTS = ("simulated", "single")
 CELL = "research.user_study_cell"
+# Set in a run's process: a script that calls compare() unguarded and is
+# imported there would otherwise start the study again.
+IN_CELL = "TF_INTERLOCK_USER_STUDY_RUN"
 
 
 def reference(fn, name):
@@ -73,7 +77,13 @@ def reference(fn, name):
         f"module-level function (each run imports it in its own process). "
         f"Received: {name}={fn!r}")
   if module == "__main__":
-    module = os.path.abspath(sys.modules["__main__"].__file__)
+    # Checked here without running the script again; the runs load it by
+    # its path, not as __main__.
+    main = sys.modules["__main__"]
+    if getattr(main, qualname, None) is not fn:
+      raise ValueError(f"{name} must be defined at the top level of the "
+                       f"script. Received: {name}={fn!r}")
+    return f"{os.path.abspath(main.__file__)}:{qualname}"
   ref = f"{module}:{qualname}"
   resolve(ref, name)
   return ref
@@ -295,6 +305,11 @@ def compare(model_fn, data, *, out_dir, strategies=("e2e", "2wise", "local"),
     ValueError: in one line, before anything is written, for a bad
       argument or an out_dir this study cannot use.
   """
+  if os.environ.get(IN_CELL):
+    raise ValueError(
+        "compare() ran again inside one of its own runs, which imported "
+        "your script: call it under `if __name__ == \"__main__\":`. "
+        f"Received: {IN_CELL}={os.environ[IN_CELL]}")
   if not isinstance(out_dir, str) or not out_dir:
     raise ValueError(f"out_dir must name a folder. "
                      f"Received: out_dir={out_dir!r}")
@@ -327,6 +342,14 @@ def compare(model_fn, data, *, out_dir, strategies=("e2e", "2wise", "local"),
       num_modules=num_modules, eval_points=eval_points,
       eval_every_steps=eval_every_steps,
       steps_per_execution=steps_per_execution, settings=settings, jobs=jobs)
+  # The cut, here: a network that from_keras refuses fails before any run.
+  build = model_fn if callable(model_fn) else resolve(model_ref, "model_fn")
+  source = call_with_seed(build, study.seeds[0])
+  if not isinstance(source, keras.Model):
+    raise ValueError(f"model_fn must return a keras.Model. Received: "
+                     f"{type(source).__name__}")
+  ti.from_keras(source, num_modules, split=split, balance=balance,
+                aux_head=aux_head)
   blocker = paths.file_above(study.out_dir)
   if blocker is not None:
     raise ValueError(f"out_dir={out_dir} is or lies under the file "

@@ -23,6 +23,7 @@ from train import runtime_env  # pylint: disable=unused-import
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 
@@ -181,6 +182,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   spec = json.loads(_CELL.value)
+  os.environ[user_study.IN_CELL] = spec["mode"]
   # Before the first tensor: the devices and thread pools of the placement.
   if spec["placement"] == "simulated":
     ti.placement.configure_simulated_devices(

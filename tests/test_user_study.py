@@ -131,3 +131,50 @@ def test_bad_arguments_are_refused_before_anything_is_written(
 def test_model_fn_must_be_importable_by_name(tmp_path, model_fn, message):
   with pytest.raises(ValueError, match=message):
     user_study.compare(model_fn, DATA, out_dir=str(tmp_path), steps=4)
+
+
+def test_a_script_file_names_its_function():
+  path = os.path.abspath(__file__)
+  ref = f"{path}:tiny_cnn"
+  assert user_study.reference(ref, "model_fn") == ref
+  fn = user_study.resolve(ref, "model_fn")
+  assert fn.__name__ == "tiny_cnn" and fn is not tiny_cnn  # loaded anew
+  for mine, theirs in zip(fn(0).get_weights(), tiny_cnn(0).get_weights()):
+    np.testing.assert_array_equal(mine, theirs)
+
+
+def test_seeds_of_a_budget_keep_the_steps_every_seed_reached(monkeypatch):
+  def run(steps, end):
+    return {"steps": end, "curve": [{"step": s} for s in steps + [end]]}
+
+  fake = {"e2e": [run([10, 20], 27), run([10, 20, 30], 31)],
+          "local": [run([10, 20, 30, 40], 44)]}
+  monkeypatch.setattr(user_study.study_lib, "run_all",
+                      lambda study, break_lock, train: fake)
+  runs = user_study.run_all_common_steps(None, False, None)
+  assert [[p["step"] for p in r["curve"]] for r in runs["e2e"]] == [
+      [10, 20], [10, 20]]
+  # One seed: its curve keeps the point where the budget ended.
+  assert [p["step"] for p in runs["local"][0]["curve"]] == [10, 20, 30, 40,
+                                                             44]
+  assert [r["steps"] for r in runs["e2e"]] == [27, 31]
+
+
+def test_perplexity_is_the_exp_of_each_heads_loss():
+  from research import user_study_cell  # pylint: disable=g-import-not-at-top
+  heads = user_study_cell.heads_of(
+      {"loss": np.log(4.0), "module_1/loss": 0.0,
+       "module_2/loss": np.log(4.0), "module_2/accuracy": 0.5},
+      "perplexity", 2)
+  assert list(heads) == ["module_1", "module_2"]
+  assert heads["module_1"]["perplexity"] == pytest.approx(1.0)
+  assert heads["module_2"] == pytest.approx(
+      {"loss": np.log(4.0), "accuracy": 0.5, "perplexity": 4.0})
+
+
+def test_a_model_from_keras_cannot_cut_is_refused_before_any_run(tmp_path):
+  out_dir = tmp_path / "study"
+  with pytest.raises(ValueError, match="Received: num_modules=9"):
+    user_study.compare(tiny_cnn, DATA, out_dir=str(out_dir), steps=10,
+                       num_modules=9, strategies=("e2e", "local"))
+  assert not out_dir.exists()
