@@ -189,8 +189,9 @@ def make_study(model_ref, data_ref, *, out_dir, strategies, seeds, steps,
         f"Received: eval_every_steps={eval_every_steps}")
   return study_lib.Study(
       preset=model_ref, overrides={"data": data_ref, **settings},
-      strategies=tuple(study_lib.strategy_names(list(strategies),
-                                                num_modules)),
+      strategies=tuple(study_lib.strategy_names(
+          strategies.split(",") if isinstance(strategies, str)
+          else list(strategies), num_modules)),
       seeds=seeds, train_steps=steps, eval_every_steps=eval_every_steps,
       metric=settings["metric"], num_modules=num_modules,
       out_dir=paths.normalize(out_dir), jobs=jobs)

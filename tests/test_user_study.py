@@ -112,6 +112,8 @@ def test_command_line_with_a_time_budget(tmp_path):
     ({"steps": 10, "seeds": ()}, r"seeds=\(\)"),
     ({"steps": 10, "metric": "bleu"}, "metric='bleu'"),
     ({"steps": 10, "strategies": ("e2e", "3wise")}, "strategies=e2e,3wise"),
+    ({"steps": 10, "strategies": "e2e,pairwise,2wise"},
+     "strategies=e2e,pairwise,2wise"),
     ({"steps": 10, "optimizer": 0.1}, "optimizer=0.1"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(
