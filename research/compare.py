@@ -22,6 +22,10 @@ marker (`research.study_owner`); a run folder that is not this study's, or an
 unfinished one that a live process holds (its lock.json), is refused in one
 line before anything is written. Each spelling of --strategies is parsed:
 one strategy given twice ('2wise,pairwise') is refused.
+
+--model_fn=package.module:function with --data=package.module:function runs
+the same study on your own Keras network instead of a preset
+(`research.user_study`, docs/user_study.md).
 """
 
 # First: quiets TF's logging before TensorFlow loads (see runtime_env).
@@ -43,6 +47,7 @@ from train import error_boundary
 from train import flags_lib
 from research import study_lib
 from research import study_report
+from research import user_study
 
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "local", "2wise", "3wise"], "Strategies to train, "
@@ -73,6 +78,13 @@ _REPORT_DIR = flags.DEFINE_string(
 _BREAK_LOCK = flags.DEFINE_bool(
     "break_lock", False, "Restart an unfinished run although the process "
     "holding its lock.json looks alive (it is known to be dead).")
+_MODEL_FN = flags.DEFINE_string(
+    "model_fn", None, "Your own network instead of --preset: "
+    "'package.module:function' (or 'file.py:function') returning a fresh, "
+    "built keras.Model; with --data. See docs/user_study.md.")
+_DATA = flags.DEFINE_string(
+    "data", None, "With --model_fn: 'package.module:function' returning "
+    "(train, evaluation) datasets or (x, y) arrays.")
 # --help lists the Config flags too: each run takes them.
 flags.adopt_module_key_flags(flags_lib)
 
@@ -140,8 +152,21 @@ def main(argv):
     if blocker is not None:
       raise ValueError(f"--out_dir={_OUT_DIR.value} is or lies under the "
                        f"file {blocker}. Received: out_dir={_OUT_DIR.value!r}")
-    compare(_STRATEGIES.value, _SEEDS.value, _EVAL_POINTS.value, _JOBS.value,
-            _TARGET.value, _OUT_DIR.value, command)
+    if _MODEL_FN.value or _DATA.value:
+      user_study.compare_from_flags(
+          _MODEL_FN.value, _DATA.value, flags_lib.config_from_flags(),
+          flags_lib.given_flags(), preset_given=flags.FLAGS["preset"].present,
+          seeds=_SEEDS.value,
+          **({"strategies": _STRATEGIES.value}
+             if flags.FLAGS["strategies"].present else {}),
+          eval_points=_EVAL_POINTS.value, jobs=_JOBS.value,
+          target=_TARGET.value, out_dir=_OUT_DIR.value,
+          report_dir=_REPORT_DIR.value, plots=_PLOTS.value,
+          cost_repeats=_COST_REPEATS.value, break_lock=_BREAK_LOCK.value,
+          command=command)
+    else:
+      compare(_STRATEGIES.value, _SEEDS.value, _EVAL_POINTS.value,
+              _JOBS.value, _TARGET.value, _OUT_DIR.value, command)
   except (ValueError, FileNotFoundError, study_lib.RunError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -221,11 +221,23 @@ def check_study(study, repeats, break_lock=False):
   return owner
 
 
-def run_one(study, strategy, seed, break_lock=False):
+def train_preset(study, strategy, seed, model_dir):
+  """One run of a preset study in its own `train.train` process; its
+  clocks, evaluations and curve (`study_clock.summarize_run`)."""
+  launch("train.train", train_args(
+      study, strategy, seed=seed, model_dir=model_dir,
+      train_steps=study.train_steps, eval_every_steps=study.eval_every_steps,
+      checkpoint_every_steps=NEVER),
+         os.path.join(study.out_dir, "logs", f"{strategy}_seed_{seed}.log"))
+  return study_clock.summarize_run(model_dir, study.metric)
+
+
+def run_one(study, strategy, seed, break_lock=False, train=train_preset):
   """Trains one (strategy, seed) unless its result exists; its result.
 
   Only a run folder of this study is reused or restarted; see
-  `study_owner`.
+  `study_owner`. `train(study, strategy, seed, model_dir)` runs it (a user
+  model's study passes its own, `research.user_study`).
   """
   model_dir = _run_dir(study, strategy, seed)
   result_path = os.path.join(model_dir, RESULT_FILE)
@@ -247,41 +259,44 @@ def run_one(study, strategy, seed, break_lock=False):
           flush=True)
   study_owner.prepare(study.out_dir, model_dir, study.owner, strategy, seed,
                       break_lock)
-  launch("train.train", train_args(
-      study, strategy, seed=seed, model_dir=model_dir,
-      train_steps=study.train_steps, eval_every_steps=study.eval_every_steps,
-      checkpoint_every_steps=NEVER),
-         os.path.join(study.out_dir, "logs", f"{strategy}_seed_{seed}.log"))
-  result = study_clock.summarize_run(model_dir, study.metric)
+  result = train(study, strategy, seed, model_dir)
   result.update(settings=settings, strategy=strategy, seed=seed)
   study_store.write_json(result_path, result)
   return result
 
 
-def run_all(study, break_lock=False):
-  """{strategy: [result per seed]}, `study.jobs` runs at a time."""
+def run_all(study, break_lock=False, train=train_preset):
+  """{strategy: [result per seed]}, `study.jobs` runs at a time (`train`:
+  as for `run_one`)."""
   tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
   pairs = [(s, seed) for s in study.strategies for seed in study.seeds]
   with concurrent.futures.ThreadPoolExecutor(study.jobs) as pool:
-    results = list(pool.map(lambda pair: run_one(study, *pair, break_lock),
-                            pairs))
+    results = list(pool.map(
+        lambda pair: run_one(study, *pair, break_lock, train), pairs))
   by_strategy = {s: [] for s in study.strategies}
   for (strategy, _), result in zip(pairs, results):
     by_strategy[strategy].append(result)
   return by_strategy
 
 
-def measure_costs(study, repeats=10):
-  """The per-module op costs of the study's network (reused if stored)."""
+def launch_costs(study, repeats, raw):
+  """A preset's op costs into the file `raw`: `research.module_costs` in its
+  own process."""
+  launch("research.module_costs", train_args(
+      study, study.strategies[0], out=raw, repeats=repeats),
+         os.path.join(study.out_dir, "logs", "module_costs.log"))
+
+
+def measure_costs(study, repeats=10, measure=launch_costs):
+  """The per-module op costs of the study's network (reused if stored);
+  `measure(study, repeats, raw)` writes them to the file `raw`."""
   path = os.path.join(study.out_dir, COSTS_FILE)
   settings = _costs_settings(study, repeats)
   stored = study_store.read(path, settings, study_store.COSTS_FIELDS)
   if stored is not None:
     return stored
   raw = path + ".raw"
-  launch("research.module_costs", train_args(
-      study, study.strategies[0], out=raw, repeats=repeats),
-         os.path.join(study.out_dir, "logs", "module_costs.log"))
+  measure(study, repeats, raw)
   with tf.io.gfile.GFile(raw) as f:
     measured = json.load(f)
   tf.io.gfile.remove(raw)

@@ -226,6 +226,21 @@ def _work_lines(summary):
   return lines + ["", f"Slowest module / mean module: {ratio:.2f}."]
 
 
+def _length_text(summary):
+  """How long each run trained: its steps, or a user study's budget."""
+  budget = summary.get("time_budget_s")
+  if budget is None:
+    return f"{summary['train_steps']} steps"
+  return f"{budget:g} s of training (time budget)"
+
+
+def _points_text(summary):
+  if summary.get("time_budget_s") is None:
+    return f"{summary['eval_points']} points"
+  return ("until the budget ends, and where it ends; the curves keep the "
+          "steps that every seed reached")
+
+
 def report_markdown(summary, reading=None):
   """The tables, the machine and the command of a study.
 
@@ -242,12 +257,12 @@ def report_markdown(summary, reading=None):
   digits = 4 if metric == "accuracy" else 1
   seeds = len(next(iter(rows.values()))["seeds"])
   lines = [
-      f"# {summary['preset']}: {summary['train_steps']} steps per run, "
+      f"# {summary['preset']}: {_length_text(summary)} per run, "
       f"{seeds} seed(s), K = {k}", "",
       f"Machine: {mach['nproc']} cores ({mach['cpu']}), TensorFlow "
       f"{mach['tensorflow']}, {mach['gpus']} GPU(s).", "",
       f"Each run evaluates {summary['eval_split']} every "
-      f"{summary['eval_every_steps']} steps ({summary['eval_points']} points). "
+      f"{summary['eval_every_steps']} steps ({_points_text(summary)}). "
       "Times are the training clock: time inside the training loops, the "
       "first loop's tracing (compile) and every evaluation excluded and "
       "reported apart. Values are the mean over seeds, [min, max] in "
@@ -272,7 +287,10 @@ def report_markdown(summary, reading=None):
       "|" + "---|" * 11]
   for name, row in rows.items():
     speed = row["speedup_vs_e2e"] or {}
-    cells = [name, str(row["steps"]), _ms(row["median_step_s"]["mean"]),
+    steps = sorted({run["steps"] for run in row.get("runs", [])}) or [
+        row["steps"]]
+    cells = [name, "-".join(str(n) for n in dict.fromkeys(
+        [steps[0], steps[-1]])), _ms(row["median_step_s"]["mean"]),
              _ms(row["predicted_step_s"]["here"]),
              _ms(row["predicted_step_s"]["one_core_per_module"])]
     cells += [f"{speed[key]:.2f}x" if speed else "-"
@@ -380,7 +398,10 @@ def write_outputs(summary, out_dir, plots):
 
 
 def run_and_report(study, *, eval_points, target, plots, cost_repeats,
-                   command, report_dir=None, break_lock=False):
+                   command, report_dir=None, break_lock=False,
+                   train=study_lib.train_preset,
+                   measure=study_lib.launch_costs, run_all=study_lib.run_all,
+                   extra=None):
   """Measures the op costs, runs (or reuses) every run, writes the outputs.
 
   Args:
@@ -393,6 +414,11 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
     report_dir: a second folder for the outputs (None: out_dir only).
     break_lock: restart an unfinished run although the process holding
       its lock looks alive.
+    train, measure: run one (strategy, seed) and measure the op costs (a
+      user model's study, `research.user_study`, passes its own; see
+      `study_lib.run_one` and `study_lib.measure_costs`).
+    run_all: `study_lib.run_all` or a function that calls it.
+    extra: more fields of the summary (None: none).
 
   Returns:
     The summary written to results.json.
@@ -405,8 +431,8 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
   study = dataclasses.replace(study, owner=study_owner.claim(study.out_dir,
                                                              owner))
   tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
-  costs = study_lib.measure_costs(study, cost_repeats)
-  runs = study_lib.run_all(study, break_lock)
+  costs = study_lib.measure_costs(study, cost_repeats, measure)
+  runs = run_all(study, break_lock, train)
   cores_here = min(study.num_modules, os.cpu_count())
   predicted = study_lib.predict_step_times(
       costs, study.strategies, sorted({cores_here, study.num_modules}))
@@ -423,6 +449,7 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
       "jobs": study.jobs, "module_costs": costs,
       "strategies": {s: study_lib.aggregate_runs(rows)
                      for s, rows in runs.items()},
+      **(extra or {}),
   }
   add_projection(summary, predicted, cores_here, target,
                  study_lib.predict_pipeline(

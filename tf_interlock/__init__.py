@@ -43,6 +43,7 @@ import layers.aux_heads  # noqa: F401
 import layers.resnet  # noqa: F401
 import layers.transformer  # noqa: F401
 from layers.interlock_module import InterlockModule
+from tf_interlock import callbacks
 from tf_interlock import placement
 from tf_interlock.keras_model import InterlockModel
 from tf_interlock.keras_split import KerasSegment
