@@ -12,7 +12,7 @@ builds is cut by `ti.from_keras` into K modules, trained by
 `ti.InterlockModel.fit` for `steps` steps or for `time_budget_s` seconds of
 training (`ti.callbacks.TimeBudget(count="batches")`), and evaluated on the
 whole evaluation data every `eval_every_steps` steps. The per-module op costs
-(`tf_interlock.profiling.measure_module_costs`) feed the schedule model's
+(`step_model.profiling.measure_module_costs`) feed the schedule model's
 projection with one core per module. The report, results and plots are the
 preset studies' (`research.study_report`), in out_dir and --report_dir; a
 rerun reuses finished runs, as there.

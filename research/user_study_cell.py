@@ -35,7 +35,7 @@ import tensorflow as tf
 import tf_interlock as ti
 from tf_interlock import metric_names
 from tf_interlock import paths
-from tf_interlock import profiling
+from step_model import profiling
 from tf_interlock import run_dir as run_dir_lib
 from tf_interlock.run_lock import RunLock
 from research import study_clock
