@@ -135,8 +135,13 @@ class InterlockStep:
                          "loss_fn")
     metrics[metric_names.metric_name(k, "loss")] = loss
     if self.metric_fn is not None:
-      metrics[metric_names.metric_name(k, "accuracy")] = self._average(
-          self.metric_fn(labels, logits), global_batch_size, "metric_fn")
+      # One per-example score, logged as "accuracy", or {name: scores}
+      # (`keras_metrics`: compile's list of metrics).
+      values = self.metric_fn(labels, logits)
+      named = values if isinstance(values, dict) else {"accuracy": values}
+      for name, value in named.items():
+        metrics[metric_names.metric_name(k, name)] = self._average(
+            value, global_batch_size, "metric_fn")
     return loss
 
   def gradients(self, features, labels, global_batch_size, scales=None):

@@ -38,6 +38,7 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import keras_fit
+from tf_interlock import keras_metrics
 from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
 from tf_interlock import placement as placement_lib
@@ -179,8 +180,12 @@ class InterlockModel(keras.Model):
         per-example values are used) or a callable `(y_true, y_pred) ->
         per-example loss [batch]`; None: sparse softmax cross-entropy on
         logits. Every module's loss L_k applies it to its own logits.
-      metrics: None, or one metric: "accuracy", "sparse_categorical_accuracy",
-        "categorical_accuracy" or a per-example callable.
+      metrics: None, one metric or a list, as for Keras: names ("accuracy",
+        "sparse_top_k_categorical_accuracy", ...), `keras.metrics.Metric`
+        objects that average per-example values (e.g.
+        `SparseTopKCategoricalAccuracy(k=2)`), or per-example callables.
+        Every exit gets its own copy, logged "module_k/<name>"; the
+        network's also as "<name>" (see `keras_metrics`).
       steps_per_execution: training steps unrolled into one `tf.function`
         call (`InterlockTrainer.train_loop`'s `steps_per_loop`).
       **kwargs: other `keras.Model.compile` arguments are not supported and
@@ -197,7 +202,8 @@ class InterlockModel(keras.Model):
     loss_fn = keras_fit.weighted(losses_lib.per_example_loss(
         losses_lib.sparse_softmax_cross_entropy if loss is None else loss,
         name="loss"))
-    metric_fn = keras_fit.unweighted(keras_fit.per_example_metric(metrics))
+    metric_fn, metric_names = keras_metrics.per_example_metrics(metrics)
+    metric_fn = keras_fit.unweighted(metric_fn)
     super().compile(optimizer=None, loss=None, metrics=None,
                     steps_per_execution=steps_per_execution,
                     jit_compile=False, run_eagerly=False)
@@ -214,13 +220,14 @@ class InterlockModel(keras.Model):
     # module's optimizer (or of the modules `model.optimizer.modules` names).
     self.optimizer = ModuleOptimizers(self.trainer)
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
+    self._metric_names = metric_names
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
     locked = self._tracker.locked
     self._tracker.unlock()
     try:
       self._eval_trackers = keras_fit.eval_trackers(
-          self.interlock_modules, metric_fn is not None)
+          self.interlock_modules, metric_names)
     finally:
       if locked:
         self._tracker.lock()

@@ -66,6 +66,11 @@ class KerasSegment(keras.layers.Layer):
     # from_config calls the new layers on a symbolic input: their weights
     # are created here, under the caller's (module k's) device scope.
     self.model = _from_config(self.model_config, self._custom_objects())
+    if not self.trainable:
+      # Frozen before its layers existed (e.g. `model.modules[0].trainable
+      # = False` before the first build): freeze them too, so that a
+      # BatchNormalization inside runs in inference mode, as Keras does.
+      self.model.trainable = False
     if self._initial_weights is not None:
       for layer_name, values in self._initial_weights.items():
         self.model.get_layer(layer_name).set_weights(values)
