@@ -301,6 +301,67 @@ class InterlockModel(keras.Model):
                        initial_epoch=initial_epoch,
                        steps_per_epoch=keras_steps, **kwargs)
 
+  def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                     return_dict=False):
+    """One interlocking training step on one batch, as Keras's.
+
+    Runs the step `fit` runs (every module's routed gradients and update)
+    on `(x, y)`, after resetting the metrics, as Keras does. This is the
+    way to write your own loop: a `tf.GradientTape` over `model(x)` cannot
+    train the modules, because each module's input is cut with
+    `stop_gradient` (the interlocking cut), so every module but the last
+    gets None gradients.
+
+    Args:
+      x: one batch of inputs (its size is the step's batch).
+      y: its labels.
+      sample_weight: optional weight per example, as for `fit`.
+      class_weight: not supported (raises), as for `fit`.
+      return_dict: return the logs as a dict.
+
+    Returns:
+      With return_dict, the logs `fit` reports for one step ("loss",
+      metrics, "module_k/..."); otherwise their values as a list in
+      `model.metrics_names` order (one float when there is only the loss).
+    """
+    if self.trainer is None:
+      raise ValueError("Call compile() before train_on_batch(). Received: "
+                       "compiled=False")
+    if class_weight is not None or y is None:
+      raise ValueError(
+          f"train_on_batch needs labels y and takes no class_weight (pass "
+          f"sample_weight). Received: y={'None' if y is None else 'given'}, "
+          f"class_weight={type(class_weight).__name__}")
+    labels = y if sample_weight is None else (
+        y, tf.cast(sample_weight, tf.float32))
+    dataset = tf.data.Dataset.from_tensors((x, labels))
+    self._ensure_built(next(iter(dataset))[0])
+    self.reset_metrics()
+    # FitLogs runs exactly the steps an epoch has left: here, one.
+    saved = self._fit_logs.steps_per_epoch
+    self._fit_logs.steps_per_epoch = 1
+    try:
+      logs = self.make_train_function()(
+          iter(self.trainer.distribute_dataset(dataset)))
+    finally:
+      self._fit_logs.steps_per_epoch = saved
+    logs = {key: float(value) for key, value in logs.items()}
+    return logs if return_dict else self._flatten_metrics_in_order(logs)
+
+  def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+    """Every exit's loss and metrics on one batch, as Keras's.
+
+    Returns:
+      As `evaluate` for this batch alone (metrics are reset first): a
+      dict with return_dict, else a list in `model.metrics_names` order.
+    """
+    if self.trainer is None:
+      raise ValueError("Call compile() before test_on_batch(). Received: "
+                       "compiled=False")
+    self._ensure_built(x)
+    return super().test_on_batch(x, y, sample_weight=sample_weight,
+                                 return_dict=return_dict)
+
   def test_step(self, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     if sample_weight is not None:
