@@ -116,6 +116,22 @@ class InterlockModel(keras.Model):
     for line in keras_summary.summary_lines(self):
       (print_fn or print)(line)
 
+  def as_functional(self):
+    """The built modules as one functional `keras.Model`, for drawing.
+
+    `keras.utils.plot_model(model, ...)` draws a subclassed model such as
+    this one as a single box; `keras.utils.plot_model(model.as_functional(),
+    expand_nested=True)` draws each module's layers and each aux head
+    (`exits.functional_graph`: the same layers, outputs per exit, no
+    cuts; not for training).
+    """
+    if not self.built:
+      raise ValueError("Build or fit the model before drawing it. "
+                       "Received: built=False")
+    return exits_lib.functional_graph(
+        self.interlock_modules, self._build_shapes_dict["input_shape"],
+        self._input_dtype or "float32", name=self.name)
+
   def _scope(self, k):
     if self.placement is None:
       return contextlib.nullcontext()
