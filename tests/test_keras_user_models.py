@@ -234,7 +234,7 @@ def test_frozen_layer_in_the_source_model_stays_frozen():
   assert_same(before[1], after[1])
 
 
-def test_metric_list_gives_every_exit_its_own_copy():
+def test_metric_list_gives_every_exit_its_own_copy(tmp_path):
   x, y = image_data()
   model = ti.InterlockModel(ti.from_keras(sequential_cnn(size=8), 3),
                             "2wise")
@@ -252,6 +252,11 @@ def test_metric_list_gives_every_exit_its_own_copy():
     want.update_state(y, model.predict(x, exit=exit_k, verbose=0))
     np.testing.assert_allclose(logs[f"module_{k}/{top2}"], want.result(),
                                rtol=1e-6)
+  # Saved compiled, metric objects included, and recompiled on loading.
+  model.save(str(tmp_path / "m.keras"))
+  restored = keras.models.load_model(str(tmp_path / "m.keras"))
+  assert restored.evaluate(x, y, batch_size=BATCH, verbose=0,
+                           return_dict=True) == logs
   with pytest.raises(ValueError, match=r"not one .*Received: metrics=<AUC"):
     model.compile(metrics=["accuracy", keras.metrics.AUC()])
 

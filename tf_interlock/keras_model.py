@@ -247,8 +247,11 @@ class InterlockModel(keras.Model):
     finally:
       if locked:
         self._tracker.lock()
-    self._interlock_compile_config = keras_fit.compile_config(
-        optimizer, loss, metrics, steps_per_execution)
+    # Not tracked: a Keras metric object in it would become the model's
+    # state (and a locked, built model refuses new state).
+    object.__setattr__(self, "_interlock_compile_config",
+                       keras_fit.compile_config(optimizer, loss, metrics,
+                                                steps_per_execution))
     self._slots_built = False
     if self.built:
       self._build_trainer_slots(self._build_shapes_dict["input_shape"])
