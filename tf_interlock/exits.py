@@ -17,6 +17,8 @@ training metrics carry too.
 import contextlib
 from typing import Any, NamedTuple, Optional
 
+import keras
+
 
 class Exit(NamedTuple):
   """One module's output and its exit's logits.
@@ -140,8 +142,6 @@ def functional_graph(modules, input_shape, dtype="float32", name=None):
   Returns:
     A `keras.Model`.
   """
-  # Imported here: keras is the only dependency this file needs for it.
-  import keras  # pylint: disable=g-import-not-at-top,import-outside-toplevel
   inputs = keras.Input(tuple(input_shape)[1:], dtype=dtype, name="inputs")
   h, outputs = inputs, []
   for index, module in enumerate(modules):

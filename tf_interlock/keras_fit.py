@@ -1,8 +1,8 @@
 """The pieces `InterlockModel` plugs into Keras's compile/fit/evaluate.
 
 * `weighted` and `unweighted` turn `fit`'s sample weights (and
-  `keras_metrics`'s per-example metrics) into what `InterlockTrainer` takes; the
-  optimizers and the per-example loss are the trainer's own
+  `keras_metrics`'s per-example metrics) into what `InterlockTrainer`
+  takes; the optimizers and the per-example loss are the trainer's own
   (`trainer.optimizer_factory`, `losses.per_example_loss`): each module's
   loss L_k is averaged over the *global* batch by the engine
   (`tf.nn.compute_average_loss`), so a Keras loss's own reduction is
@@ -26,6 +26,7 @@ import tensorflow as tf
 from tf_interlock import evaluation
 from tf_interlock import exits as exits_lib
 from tf_interlock import metric_names
+
 
 def compile_config(optimizer, loss, metrics, steps_per_execution):
   """`compile`'s arguments as a saveable config, or None.
