@@ -120,26 +120,28 @@ def test_transformer_lm_trains_2wise_and_every_exit_predicts_every_token():
 
 def test_sequence_head_on_a_cut_and_a_layer_norm_head_export(tmp_path):
   x, y = token_data()
-  heads = {
-      "ti.SequenceAuxHead": lambda k, shape: ti.SequenceAuxHead(VOCAB),
-      "LayerNorm + Dense": lambda k, shape: keras.Sequential(
-          [keras.layers.LayerNormalization(), keras.layers.Dense(VOCAB)]),
-  }
-  for i, (name, head) in enumerate(heads.items()):
-    model = ti.InterlockModel(
-        ti.from_keras(transformer_lm(), 3, aux_head=head), "2wise")
-    model.compile(keras.optimizers.Adam(1e-2))
-    model.fit(x, y, batch_size=BATCH, verbose=0)
-    loaded = tf.saved_model.load(model.export_saved_model(
-        str(tmp_path / f"export{i}")))
-    assert sorted(loaded.signatures) == ["exit_1", "exit_2",
-                                         "serving_default"], name
-    for exit_k, signature in ((1, "exit_1"), (2, "exit_2"),
-                              (None, "serving_default")):
-      served = loaded.signatures[signature](inputs=tf.constant(x[:4]))
-      np.testing.assert_allclose(
-          served["logits"], model.predict(x[:4], exit=exit_k, verbose=0),
-          atol=1e-5, err_msg=f"{name} {signature}")
+  # ti.SequenceAuxHead builds on the shape a cut piece reports.
+  modules = ti.from_keras(transformer_lm(), 3,
+                          aux_head=lambda k, shape: ti.SequenceAuxHead(VOCAB))
+  modules[1].build((1, LENGTH, WIDTH))
+  assert modules[1].aux_head.compute_output_shape((1, LENGTH, WIDTH)) == (
+      1, LENGTH, VOCAB)
+  # A head of one's own with LayerNormalization trains and exports.
+  model = ti.InterlockModel(ti.from_keras(
+      transformer_lm(), 3, aux_head=lambda k, shape: keras.Sequential(
+          [keras.layers.LayerNormalization(), keras.layers.Dense(VOCAB)])),
+                            "2wise")
+  model.compile(keras.optimizers.Adam(1e-2))
+  model.fit(x, y, batch_size=BATCH, verbose=0)
+  loaded = tf.saved_model.load(model.export_saved_model(
+      str(tmp_path / "export")))
+  assert sorted(loaded.signatures) == ["exit_1", "exit_2", "serving_default"]
+  for exit_k, signature in ((1, "exit_1"), (2, "exit_2"),
+                            (None, "serving_default")):
+    served = loaded.signatures[signature](inputs=tf.constant(x[:4]))
+    np.testing.assert_allclose(
+        served["logits"], model.predict(x[:4], exit=exit_k, verbose=0),
+        atol=1e-5, err_msg=signature)
 
 
 # -- 2. Everyday Keras moves ---------------------------------------------------
