@@ -99,7 +99,7 @@ def test_another_layers_package_first_on_the_path_fails_in_one_line(
 
 def test_readme_has_the_trainer_and_the_keras_examples():
   blocks = _blocks()
-  assert len(blocks) == 2, len(blocks)
+  assert len(blocks) == 3
   for block in blocks:
     # The public front door: no submodule imports in the examples.
     assert "import tf_interlock as ti" in block
@@ -107,6 +107,8 @@ def test_readme_has_the_trainer_and_the_keras_examples():
   assert "ti.InterlockTrainer(" in blocks[0]
   assert "ti.from_keras(" in blocks[1] and ".fit(" in blocks[1]
   assert "summary()" in blocks[1] and "LearningRateScheduler" in blocks[1]
+  assert "MultiHeadAttention" in blocks[2] and "use_causal_mask" in blocks[2]
+  assert "ti.from_keras(lm" in blocks[2] and ".fit(" in blocks[2]
 
 
 def test_readme_trainer_example_runs(installed, tmp_path):
@@ -130,3 +132,14 @@ def test_readme_keras_example_runs(installed, tmp_path):
   assert (out / "best.keras").exists()
   assert (out / "export" / "saved_model.pb").exists()
   assert any(out.joinpath("logs").rglob("*tfevents*"))
+
+
+def test_readme_transformer_example_runs(installed, tmp_path):
+  out = tmp_path / "lm"
+  code = _blocks()[2].replace('"/tmp/lm/', '"' + str(out) + "/")
+  lines = _run(code, tmp_path, installed).splitlines()
+  # Exit 1's top-5 accuracy per epoch, then its per-token logits.
+  top5 = [float(v) for v in lines[-2].strip("[]").split(",")]
+  assert len(top5) == 2 and all(0 <= v <= 1 for v in top5), lines
+  assert lines[-1] == "(2, 16, 32)"
+  assert (out / "export" / "saved_model.pb").exists()

@@ -9,6 +9,8 @@ The public front door (Gomez et al., 2022, arXiv:2010.04116)::
 
 * `InterlockModel`: K modules trained with Keras's `compile`/`fit`.
 * `from_keras`: splits a Sequential or functional Keras model into modules.
+* `SequenceAuxHead`, `ConvAuxHead`: aux heads for sequences (LayerNorm, then
+  a projection at every position) and image features.
 * `InterlockModule`: one module (body, optional aux head, input cut).
 * `InterlockTrainer`: the same training as a plain loop (`train_loop`).
 * `placement`: where module k lives (`make_placement`,
@@ -42,6 +44,8 @@ if (_os.path.dirname(_os.path.dirname(_os.path.abspath(_layers.__file__)))
 import layers.aux_heads  # noqa: F401
 import layers.resnet  # noqa: F401
 import layers.transformer  # noqa: F401
+from layers.aux_heads import ConvAuxHead
+from layers.aux_heads import SequenceAuxHead
 from layers.interlock_module import InterlockModule
 from tf_interlock import callbacks
 from tf_interlock import placement
@@ -50,5 +54,6 @@ from tf_interlock.keras_split import KerasSegment
 from tf_interlock.keras_split import from_keras
 from tf_interlock.trainer import InterlockTrainer
 
-__all__ = ["InterlockModel", "InterlockModule", "InterlockTrainer",
-           "KerasSegment", "from_keras", "placement"]
+__all__ = ["ConvAuxHead", "InterlockModel", "InterlockModule",
+           "InterlockTrainer", "KerasSegment", "SequenceAuxHead",
+           "from_keras", "placement"]

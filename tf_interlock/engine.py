@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from tf_interlock import metric_names
 from tf_interlock import module_functions
+from tf_interlock import no_gradient
 from tf_interlock import placement as placement_lib
 from tf_interlock import routing
 
@@ -118,6 +119,7 @@ class InterlockStep:
     self.placement = placement or placement_lib.Placement("single")
     self.functions = module_functions.ModuleFunctions(self.modules,
                                                       self.placement)
+    self._warned_no_gradient = set()
 
   def _average(self, per_example, global_batch_size, what):
     per_example = tf.cast(per_example, tf.float32)
@@ -152,8 +154,13 @@ class InterlockStep:
                          "loss_fn")
     metrics[metric_names.metric_name(k, "loss")] = loss
     if self.metric_fn is not None:
-      metrics[metric_names.metric_name(k, "accuracy")] = self._average(
-          self.metric_fn(labels, logits), global_batch_size, "metric_fn")
+      # One per-example score, logged as "accuracy", or {name: scores}
+      # (`keras_metrics`: compile's list of metrics).
+      values = self.metric_fn(labels, logits)
+      named = values if isinstance(values, dict) else {"accuracy": values}
+      for name, value in named.items():
+        metrics[metric_names.metric_name(k, name)] = self._average(
+            value, global_batch_size, "metric_fn")
     return loss
 
   def gradients(self, features, labels, global_batch_size, scales=None):
@@ -272,17 +279,29 @@ class InterlockStep:
       got = record.tape.gradient(targets, sources,
                                  output_gradients=target_cots)
       theta_grads = _zeros_like_none(got[:len(body_vars)], body_vars)
-      outgoing = {weight_keys[0]: place.annotate(got[-1], k)} if fused else {}
+      outgoing = {weight_keys[0]: got[-1]} if fused else {}
       # Each other stream that trains a module below k crosses the boundary
       # as its input VJP, dL/dx_k = (dh_k/dx_k)^T dL/dh_k.
       for key in plan.vjp_keys[k]:
         if key not in outgoing:
-          outgoing[key] = place.annotate(record.tape.gradient(
-              record.h, record.x, output_gradients=streams[key]), k)
+          outgoing[key] = record.tape.gradient(
+              record.h, record.x, output_gradients=streams[key])
+      outgoing = {key: place.annotate(self._cotangent(k, record, value), k)
+                  for key, value in outgoing.items()}
       grads = theta_grads + record.phi_grads
       if scale is not None:
         grads = _poison_unless_finite(grads, list(outgoing.values()))
     return grads, outgoing
+
+  def _cotangent(self, k, record, value):
+    """dL/dx_k, or zero when a layer without a gradient cuts it (warned
+    once per module, naming the layer: `no_gradient`)."""
+    if value is not None:
+      return value
+    if k not in self._warned_no_gradient:
+      self._warned_no_gradient.add(k)
+      no_gradient.warn(k, self.modules[k], record.x)
+    return tf.zeros_like(record.x)
 
   def _aux_backward(self, k, module, h, labels, global_batch_size, metrics,
                     scale):

@@ -17,6 +17,8 @@ training metrics carry too.
 import contextlib
 from typing import Any, NamedTuple, Optional
 
+import keras
+
 
 class Exit(NamedTuple):
   """One module's output and its exit's logits.
@@ -118,3 +120,33 @@ def build(modules, inputs, **kwargs):
   for found in exits(modules, inputs, training=False, **kwargs):
     h = found.outputs
   return h
+
+
+def functional_graph(modules, input_shape, dtype="float32", name=None):
+  """The built modules as one functional `keras.Model`, for drawing.
+
+  Input -> module 1's layers -> ... -> module K's layers, with one output
+  per exit: A_k(h_k) for every module k < K with an aux head, then h_K. A
+  `from_keras` piece enters as its own functional model, an aux head as
+  itself, so `keras.utils.plot_model(graph, expand_nested=True)` draws
+  every module's layers and every head. The model shares the modules'
+  built layers (no new weights) and has no cuts: it is for looking at, not
+  for training.
+
+  Args:
+    modules: the K built `InterlockModule`s, in depth order.
+    input_shape: the network input's shape, batch axis first.
+    dtype: the input's dtype.
+    name: the model's name.
+
+  Returns:
+    A `keras.Model`.
+  """
+  inputs = keras.Input(tuple(input_shape)[1:], dtype=dtype, name="inputs")
+  h, outputs = inputs, []
+  for index, module in enumerate(modules):
+    body = getattr(module.body, "model", None) or module.body
+    h = body(h)
+    if index < len(modules) - 1 and module.has_aux_head:
+      outputs.append(module.aux_head(h))
+  return keras.Model(inputs, outputs + [h], name=name)

@@ -1,8 +1,8 @@
 """The pieces `InterlockModel` plugs into Keras's compile/fit/evaluate.
 
-* `per_example_metric`, `weighted` and `unweighted` turn `compile`'s
-  metric and `fit`'s sample weights into what `InterlockTrainer` takes; the
-  optimizers and the per-example loss are the trainer's own
+* `weighted` and `unweighted` turn `fit`'s sample weights (and
+  `keras_metrics`'s per-example metrics) into what `InterlockTrainer`
+  takes; the optimizers and the per-example loss are the trainer's own
   (`trainer.optimizer_factory`, `losses.per_example_loss`): each module's
   loss L_k is averaged over the *global* batch by the engine
   (`tf.nn.compute_average_loss`), so a Keras loss's own reduction is
@@ -25,10 +25,7 @@ import tensorflow as tf
 
 from tf_interlock import evaluation
 from tf_interlock import exits as exits_lib
-from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
-
-_SPARSE_ACCURACY = ("accuracy", "acc", "sparse_categorical_accuracy")
 
 
 def compile_config(optimizer, loss, metrics, steps_per_execution):
@@ -45,7 +42,7 @@ def compile_config(optimizer, loss, metrics, steps_per_execution):
   metric_list = metrics if isinstance(metrics, (list, tuple)) else [metrics]
   if not (all(saveable(o, (keras.optimizers.Optimizer,)) for o in optimizers)
           and saveable(loss, (keras.losses.Loss,))
-          and all(saveable(m, ()) for m in metric_list)):
+          and all(saveable(m, (keras.metrics.Metric,)) for m in metric_list)):
     return None
   return dict(optimizer=optimizer, loss=loss, metrics=metrics,
               steps_per_execution=steps_per_execution)
@@ -77,36 +74,6 @@ def unweighted(metric_fn):
     return metric_fn(labels[0] if isinstance(labels, tuple) else labels,
                      logits)
   return metric_without_weights
-
-
-def _categorical_accuracy(labels, logits):
-  return tf.cast(tf.equal(tf.argmax(labels, -1), tf.argmax(logits, -1)),
-                 tf.float32)
-
-
-def per_example_metric(metrics):
-  """The one per-example metric `compile(metrics=...)` names, or None."""
-  if metrics is None:
-    return None
-  items = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
-  if not items:
-    return None
-  if len(items) > 1:
-    raise ValueError(f"InterlockModel reports one metric per module. "
-                     f"Received: metrics={metrics!r}")
-  metric = items[0]
-  if metric in _SPARSE_ACCURACY:
-    return losses_lib.sparse_accuracy
-  if metric == "categorical_accuracy":
-    return _categorical_accuracy
-  if isinstance(metric, keras.metrics.Metric) or not callable(metric):
-    # A stateful Metric would be one variable shared by every module's
-    # update: it would serialize the steps the trainer runs in parallel.
-    raise ValueError(
-        f"metrics must be one of {_SPARSE_ACCURACY + ('categorical_accuracy',)}"
-        f" or a per-example callable (y_true, y_pred) -> [batch]. Received: "
-        f"metrics={metrics!r}")
-  return metric
 
 
 def check_exit(modules, exit_k):
@@ -285,7 +252,7 @@ class FitLogs:
       for steps, counted in calls:
         metrics = model.trainer.train_loop(iterator, num_steps=steps)
         # Keras's own names are the network's, module K's.
-        for name in ("loss", "accuracy"):
+        for name in ["loss"] + getattr(model, "_metric_names", ["accuracy"]):
           key = metric_names.metric_name(model.num_modules - 1, name)
           if key in metrics:
             metrics[name] = metrics[key]
@@ -298,13 +265,18 @@ class FitLogs:
 
 
 def eval_trackers(modules, with_metric):
-  """Mean trackers of every exit's loss (and metric), in log order."""
-  names = ["loss"] + (["accuracy"] if with_metric else [])
+  """Mean trackers of every exit's loss (and metrics), in log order.
+
+  `with_metric`: a bool ("accuracy" or none) or the metrics' names.
+  """
+  if isinstance(with_metric, bool):
+    with_metric = ["accuracy"] if with_metric else []
+  names = ["loss"] + list(with_metric)
   for index in range(len(modules)):
     if exits_lib.is_exit(modules, index):
       names.append(metric_names.metric_name(index, "loss"))
-      if with_metric:
-        names.append(metric_names.metric_name(index, "accuracy"))
+      names.extend(metric_names.metric_name(index, metric)
+                   for metric in with_metric)
   return [keras.metrics.Mean(name=name) for name in names]
 
 
@@ -322,5 +294,8 @@ def update_eval_trackers(model, x, y):
     for prefix in [f"{head}/"] + ([""] if head == network else []):
       trackers[prefix + "loss"].update_state(per_example["loss"])
       if "metric" in per_example:
-        trackers[prefix + "accuracy"].update_state(per_example["metric"])
+        metric = per_example["metric"]
+        for name, value in (metric.items() if isinstance(metric, dict)
+                            else [("accuracy", metric)]):
+          trackers[prefix + name].update_state(value)
   return {m.name: m.result() for m in model._eval_trackers}  # pylint: disable=protected-access

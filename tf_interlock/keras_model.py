@@ -38,6 +38,7 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import keras_fit
+from tf_interlock import keras_metrics
 from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
 from tf_interlock import placement as placement_lib
@@ -115,6 +116,22 @@ class InterlockModel(keras.Model):
     for line in keras_summary.summary_lines(self):
       (print_fn or print)(line)
 
+  def as_functional(self):
+    """The built modules as one functional `keras.Model`, for drawing.
+
+    `keras.utils.plot_model(model, ...)` draws a subclassed model such as
+    this one as a single box; `keras.utils.plot_model(model.as_functional(),
+    expand_nested=True)` draws each module's layers and each aux head
+    (`exits.functional_graph`: the same layers, outputs per exit, no
+    cuts; not for training).
+    """
+    if not self.built:
+      raise ValueError("Build or fit the model before drawing it. "
+                       "Received: built=False")
+    return exits_lib.functional_graph(
+        self.interlock_modules, self._build_shapes_dict["input_shape"],
+        self._input_dtype or "float32", name=self.name)
+
   def _scope(self, k):
     if self.placement is None:
       return contextlib.nullcontext()
@@ -179,8 +196,12 @@ class InterlockModel(keras.Model):
         per-example values are used) or a callable `(y_true, y_pred) ->
         per-example loss [batch]`; None: sparse softmax cross-entropy on
         logits. Every module's loss L_k applies it to its own logits.
-      metrics: None, or one metric: "accuracy", "sparse_categorical_accuracy",
-        "categorical_accuracy" or a per-example callable.
+      metrics: None, one metric or a list, as for Keras: names ("accuracy",
+        "sparse_top_k_categorical_accuracy", ...), `keras.metrics.Metric`
+        objects that average per-example values (e.g.
+        `SparseTopKCategoricalAccuracy(k=2)`), or per-example callables.
+        Every exit gets its own copy, logged "module_k/<name>"; the
+        network's also as "<name>" (see `keras_metrics`).
       steps_per_execution: training steps unrolled into one `tf.function`
         call (`InterlockTrainer.train_loop`'s `steps_per_loop`).
       **kwargs: other `keras.Model.compile` arguments are not supported and
@@ -197,7 +218,8 @@ class InterlockModel(keras.Model):
     loss_fn = keras_fit.weighted(losses_lib.per_example_loss(
         losses_lib.sparse_softmax_cross_entropy if loss is None else loss,
         name="loss"))
-    metric_fn = keras_fit.unweighted(keras_fit.per_example_metric(metrics))
+    metric_fn, metric_names = keras_metrics.per_example_metrics(metrics)
+    metric_fn = keras_fit.unweighted(metric_fn)
     super().compile(optimizer=None, loss=None, metrics=None,
                     steps_per_execution=steps_per_execution,
                     jit_compile=False, run_eagerly=False)
@@ -214,18 +236,22 @@ class InterlockModel(keras.Model):
     # module's optimizer (or of the modules `model.optimizer.modules` names).
     self.optimizer = ModuleOptimizers(self.trainer)
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
+    self._metric_names = metric_names
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
     locked = self._tracker.locked
     self._tracker.unlock()
     try:
       self._eval_trackers = keras_fit.eval_trackers(
-          self.interlock_modules, metric_fn is not None)
+          self.interlock_modules, metric_names)
     finally:
       if locked:
         self._tracker.lock()
-    self._interlock_compile_config = keras_fit.compile_config(
-        optimizer, loss, metrics, steps_per_execution)
+    # Not tracked: a Keras metric object in it would become the model's
+    # state (and a locked, built model refuses new state).
+    object.__setattr__(self, "_interlock_compile_config",
+                       keras_fit.compile_config(optimizer, loss, metrics,
+                                                steps_per_execution))
     self._slots_built = False
     if self.built:
       self._build_trainer_slots(self._build_shapes_dict["input_shape"])
@@ -293,6 +319,67 @@ class InterlockModel(keras.Model):
                        validation_data=validation_data,
                        initial_epoch=initial_epoch,
                        steps_per_epoch=keras_steps, **kwargs)
+
+  def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                     return_dict=False):
+    """One interlocking training step on one batch, as Keras's.
+
+    Runs the step `fit` runs (every module's routed gradients and update)
+    on `(x, y)`, after resetting the metrics, as Keras does. This is the
+    way to write your own loop: a `tf.GradientTape` over `model(x)` cannot
+    train the modules, because each module's input is cut with
+    `stop_gradient` (the interlocking cut), so every module but the last
+    gets None gradients.
+
+    Args:
+      x: one batch of inputs (its size is the step's batch).
+      y: its labels.
+      sample_weight: optional weight per example, as for `fit`.
+      class_weight: not supported (raises), as for `fit`.
+      return_dict: return the logs as a dict.
+
+    Returns:
+      With return_dict, the logs `fit` reports for one step ("loss",
+      metrics, "module_k/..."); otherwise their values as a list in
+      `model.metrics_names` order (one float when there is only the loss).
+    """
+    if self.trainer is None:
+      raise ValueError("Call compile() before train_on_batch(). Received: "
+                       "compiled=False")
+    if class_weight is not None or y is None:
+      raise ValueError(
+          f"train_on_batch needs labels y and takes no class_weight (pass "
+          f"sample_weight). Received: y={'None' if y is None else 'given'}, "
+          f"class_weight={type(class_weight).__name__}")
+    labels = y if sample_weight is None else (
+        y, tf.cast(sample_weight, tf.float32))
+    dataset = tf.data.Dataset.from_tensors((x, labels))
+    self._ensure_built(next(iter(dataset))[0])
+    self.reset_metrics()
+    # FitLogs runs exactly the steps an epoch has left: here, one.
+    saved = self._fit_logs.steps_per_epoch
+    self._fit_logs.steps_per_epoch = 1
+    try:
+      logs = self.make_train_function()(
+          iter(self.trainer.distribute_dataset(dataset)))
+    finally:
+      self._fit_logs.steps_per_epoch = saved
+    logs = {key: float(value) for key, value in logs.items()}
+    return logs if return_dict else self._flatten_metrics_in_order(logs)
+
+  def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+    """Every exit's loss and metrics on one batch, as Keras's.
+
+    Returns:
+      As `evaluate` for this batch alone (metrics are reset first): a
+      dict with return_dict, else a list in `model.metrics_names` order.
+    """
+    if self.trainer is None:
+      raise ValueError("Call compile() before test_on_batch(). Received: "
+                       "compiled=False")
+    self._ensure_built(x)
+    return super().test_on_batch(x, y, sample_weight=sample_weight,
+                                 return_dict=return_dict)
 
   def test_step(self, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

@@ -47,18 +47,30 @@ class KerasSegment(keras.layers.Layer):
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
   """
 
-  def __init__(self, model_config, initial_weights=None, **kwargs):
+  def __init__(self, model_config, initial_weights=None, custom_objects=None,
+               **kwargs):
     super().__init__(**kwargs)
     # Kept as text: Keras wraps a dict attribute in a tracking container
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
     self._initial_weights = initial_weights
+    # The source model's own layer classes, by class name: a user's layer
+    # is rebuilt from its class, as keras.models.clone_model does, without
+    # registration. Not part of the config: a saved model finds its classes
+    # by registered name, as Keras requires for saving.
+    objects = dict(custom_objects or {})
+    self._custom_objects = lambda: objects
     self.model = None
 
   def build(self, input_shape):
     # from_config calls the new layers on a symbolic input: their weights
     # are created here, under the caller's (module k's) device scope.
-    self.model = keras.Model.from_config(self.model_config)
+    self.model = _from_config(self.model_config, self._custom_objects())
+    if not self.trainable:
+      # Frozen before its layers existed (e.g. `model.modules[0].trainable
+      # = False` before the first build): freeze them too, so that a
+      # BatchNormalization inside runs in inference mode, as Keras does.
+      self.model.trainable = False
     if self._initial_weights is not None:
       for layer_name, values in self._initial_weights.items():
         self.model.get_layer(layer_name).set_weights(values)
@@ -77,15 +89,35 @@ class KerasSegment(keras.layers.Layer):
     return self.model(inputs, training=training)
 
   def compute_output_shape(self, input_shape):
-    if self.model is None:
-      return keras.Model.from_config(self.model_config).compute_output_shape(
-          input_shape)
-    return self.model.compute_output_shape(input_shape)
+    model = self.model or _from_config(self.model_config,
+                                       self._custom_objects())
+    shape = model.compute_output_shape(input_shape)
+    # A functional model with its one output given as a list reports
+    # [shape]; a piece has one output tensor, so its shape is returned bare.
+    if isinstance(shape, (list, tuple)) and len(shape) == 1 and isinstance(
+        shape[0], (list, tuple)):
+      shape = shape[0]
+    return tuple(shape)
 
   def get_config(self):
     config = super().get_config()
     config["model_config"] = self.model_config
     return config
+
+
+def _from_config(config, custom_objects):
+  """A functional model from its config, finding the source's own classes."""
+  return keras.Model.from_config(config, custom_objects=custom_objects)
+
+
+def _layer_classes(model):
+  """{class name: class} of every layer in `model`, nested ones included."""
+  classes = {}
+  for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+    cls = layer.__class__
+    classes[keras.saving.get_registered_name(cls)] = cls
+    classes.setdefault(cls.__name__, cls)
+  return classes
 
 
 def _graph(model):
@@ -269,7 +301,7 @@ def layer_flops(layer, node=None):
   return int(_dense_like_flops(layer, in_shape, out_shape))
 
 
-def _timed_costs(pieces, sample):
+def _timed_costs(pieces, sample, custom_objects):
   """Median forward seconds of each piece on `sample`, one piece at a time.
 
   Each piece is re-created from its config with fresh weights: timing does
@@ -277,7 +309,7 @@ def _timed_costs(pieces, sample):
   """
   h, costs = tf.convert_to_tensor(sample), []
   for config in pieces:
-    piece = keras.Model.from_config(config)
+    piece = _from_config(config, custom_objects)
     run = tf.function(lambda x, p=piece: p(x, training=False))
     h_next = run(h)  # Traces and warms up.
     times = []
@@ -290,8 +322,24 @@ def _timed_costs(pieces, sample):
   return costs
 
 
-def _make_aux_head(aux_head, k, shape, num_classes, activation):
-  """A_k for features of `shape` (batch axis included), unbuilt."""
+def per_position(shape, output_shape):
+  """True when features of `shape` and the network's output share every axis
+  but the last (batch, then positions): a head then predicts each position.
+  """
+  return (len(output_shape) > 2 and len(shape) == len(output_shape) and
+          tuple(shape[1:-1]) == tuple(output_shape[1:-1]))
+
+
+def _make_aux_head(aux_head, k, shape, num_classes, activation,
+                   output_shape=()):
+  """A_k for features of `shape` (batch axis included), unbuilt.
+
+  When the network's output is per position (`per_position`, e.g. a
+  language model's [B, T, V] logits), the "linear" head is per position too:
+  LayerNormalization then one Dense to the classes at every position
+  (`layers.aux_heads.SequenceAuxHead`), the paper's LM head, so module k's
+  exit predicts every token.
+  """
   name = f"aux_head{k}"
   if callable(aux_head) and not isinstance(aux_head, str):
     head = aux_head(k, shape)
@@ -313,6 +361,14 @@ def _make_aux_head(aux_head, k, shape, num_classes, activation):
                               name=name)
   # "linear": a linear classifier on the (spatially averaged) features, with
   # the activation of the model's own output layer so that one loss fits all.
+  if per_position(shape, output_shape):
+    # Imported here for the same reason as make_conv_aux_head above.
+    from layers.aux_heads import SequenceAuxHead  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    if activation in (None, "linear"):
+      return SequenceAuxHead(num_classes, name=name)
+    return keras.Sequential(
+        [SequenceAuxHead(num_classes),
+         keras.layers.Activation(activation)], name=name)
   head = []
   if len(shape) == 4:
     head.append(keras.layers.GlobalAveragePooling2D())
@@ -369,7 +425,10 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     balance: "flops" (dense/conv multiply-adds, see `layer_flops`),
       "params" (parameter counts), or "time" (each block's measured forward
       time on `sample`, one block at a time).
-    aux_head: "linear" ((pooling and) one dense layer), "authors" (conv 128
+    aux_head: "linear" ((pooling and) one dense layer; when the model's
+      output is per position, [B, T, classes], LayerNormalization and a
+      dense layer at every position, so each exit predicts every token),
+      "authors" (conv 128
       -> conv 64 -> pool -> dense, image features only), a callable
       `(k, feature_shape) -> keras layer` (k = 1..K-1), or None (no aux
       heads: only the "e2e" strategy can train such modules).
@@ -422,7 +481,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
                 for i, (a, b) in enumerate(zip(starts, ends))]
       if sample is None:
         sample = tf.random.normal([32] + list(graph.inputs[0].shape[1:]))
-      costs = _timed_costs(pieces, sample)
+      costs = _timed_costs(pieces, sample, _layer_classes(graph))
     else:
       per_layer = [layer_flops(layer, node) if balance == "flops"
                    else layer.count_params()
@@ -456,11 +515,13 @@ def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
                             f"{name}_piece{k}")
     weights = {layer.name: layer.get_weights()
                for layer in layers[start:stop] if layer.weights}
-    body = KerasSegment(piece, weights, name=f"{name}_segment{k}")
+    body = KerasSegment(piece, weights, _layer_classes(graph),
+                        name=f"{name}_segment{k}")
     head = None
     if k < len(bounds) and aux_head is not None:
       shape = tuple(nodes[stop - 1].output_tensors[0].shape)
-      head = _make_aux_head(aux_head, k, shape, num_classes, activation)
+      head = _make_aux_head(aux_head, k, shape, num_classes, activation,
+                            tuple(graph.outputs[0].shape))
     modules.append(InterlockModule(body, aux_head=head,
                                    name=f"{name}_module{k}"))
   return modules

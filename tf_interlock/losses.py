@@ -40,6 +40,9 @@ def _mean_over_non_batch_axes(values):
   return tf.reduce_mean(values, axis=axes)
 
 
+mean_over_non_batch_axes = _mean_over_non_batch_axes
+
+
 def per_example_loss(loss_fn, name="loss_fn"):
   """Turns `loss_fn` into `f(labels, logits) -> per-example loss [B]`.
 

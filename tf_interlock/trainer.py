@@ -313,8 +313,14 @@ class InterlockTrainer:
     return metrics
 
   def _apply(self, k, grads):
-    """Module k's optimizer applies `grads` (theta_k then phi_k)."""
-    self.optimizers[k].apply_gradients(zip(grads, self.variables(k)))
+    """Module k's optimizer applies `grads` (theta_k then phi_k).
+
+    A frozen module (`trainable = False`) has no trainable variables and is
+    not updated; cotangents still cross it (see `engine`).
+    """
+    variables = self.variables(k)
+    if variables:
+      self.optimizers[k].apply_gradients(zip(grads, variables))
 
   def _agree_on_skip(self, grads, norm, scale, replicas, context, k,
                      metrics):
