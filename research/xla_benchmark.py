@@ -33,22 +33,28 @@ _ROLE = flags.DEFINE_string(
     "child: times its cells, prints one JSON line).")
 _MODEL = flags.DEFINE_string("model", "mlp", "Network: mlp, resnet or lm "
                              "(as research.benchmark).")
-_NUM_MODULES = flags.DEFINE_integer("num_modules", 4, "K (>= 1).")
-_WIDTH = flags.DEFINE_integer("width", 512, "model=mlp: hidden units.")
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Global batch per step.")
+_NUM_MODULES = flags.DEFINE_integer(
+    "num_modules", 4, "K, modules the network is split into (>= 1).")
+_WIDTH = flags.DEFINE_integer(
+    "width", 512, "model=mlp: units of every hidden Dense layer (>= 1).")
+_BATCH = flags.DEFINE_integer(
+    "batch_size", 256, "Global batch per step, in examples (>= 1).")
 _STEPS = flags.DEFINE_integer("steps", 5, "Timed calls per cell (>= 1), "
                               "after 2 warm-ups.")
 _STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 8, "Steps per "
                                        "timed call (>= 1).")
-_STRATEGIES = flags.DEFINE_list("strategies", ["e2e", "local", "2wise"],
-                                "Strategy cells (NAME or NAME-mM).")
+_STRATEGIES = flags.DEFINE_list(
+    "strategies", ["e2e", "local", "2wise"], "Strategy cells (NAME, or "
+    "NAME-mM for M microbatches).")
 _PLACEMENTS = flags.DEFINE_list(
     "placements", ["single", "simulated"], "single (one XLA program per "
     "step) and/or simulated (K logical CPUs, one XLA program per module "
     "and kind of work).")
 _PLACEMENT = flags.DEFINE_string("placement", "single", "Child: the "
                                  "placement of role=strategies.")
-_JIT = flags.DEFINE_bool("jit", False, "Child: compile with XLA.")
+_JIT = flags.DEFINE_bool(
+    "jit", False, "Child (role=strategies or keras): compile the step "
+    "with XLA.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Interleaved repeats of "
                                 "every cell (>= 1).")
 _OUT = flags.DEFINE_string("out", None, "Write the report (JSON) here too.")
