@@ -184,7 +184,9 @@ class InterlockTrainer:
     if self.jit_compile and self.placement.kind in (
         module_functions.DEPTHWISE_KINDS):
       self.step.functions.compile_each()
-    elif self.jit_compile and self.placement.kind == "single":
+    elif self.jit_compile and self.placement.kind == "single" and not (
+        isinstance(self.distribute, tf.distribute.TPUStrategy)):
+      # (A TPUStrategy compiles its replica step itself.)
       self._compile_step = True
       self.step.functions.traced = False
 
