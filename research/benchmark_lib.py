@@ -174,23 +174,25 @@ def simulated_placement(plan):
       module_devices=plan.module_devices)
 
 
-def build_trainer(spec, name, placement, aux_heads=True):
-  """The built `InterlockTrainer` of strategy cell `name` (`parse_cell`)."""
+def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False):
+  """The built `InterlockTrainer` of strategy cell `name` (`parse_cell`),
+  compiled with XLA or not (`jit_compile`, a bool)."""
   strategy, microbatches = parse_cell(name)
   trainer = InterlockTrainer(
       build_modules(spec, aux_heads),
       lambda k: optimization.make_optimizer(spec.config, None), strategy,
       placement=placement, steps_per_loop=spec.config.steps_per_loop,
-      num_microbatches=microbatches)
+      num_microbatches=microbatches, jit_compile=jit_compile)
   trainer.build(make_batch(spec)[0])
   return trainer
 
 
-def run_strategy(spec, name, placement, aux_heads=True, stats=None):
+def run_strategy(spec, name, placement, aux_heads=True, stats=None,
+                 jit_compile=False):
   """Builds and times one strategy cell: (trainer, median step seconds).
 
   `stats`, a dict, receives the per-step median, min and max."""
-  trainer = build_trainer(spec, name, placement, aux_heads)
+  trainer = build_trainer(spec, name, placement, aux_heads, jit_compile)
   dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   iterator = iter(trainer.distribute_dataset(dataset))
   timed = time_call_stats(lambda: trainer.train_loop(iterator), spec.steps)
@@ -200,9 +202,11 @@ def run_strategy(spec, name, placement, aux_heads=True, stats=None):
   return trainer, per_step["median"]
 
 
-def run_plain_keras(spec):
+def run_plain_keras(spec, jit_compile="auto"):
   """The same layers as one keras.Sequential, one optimizer: what a user
-  writes without tf_interlock. Median seconds per step.
+  writes without tf_interlock. Median seconds per step. `jit_compile` is
+  Keras's own: "auto" (its default: the baseline a user has), True or
+  False.
 
   Timed exactly as the strategies (`run_strategy`): Keras's own compiled
   train function (what `fit` calls, steps_per_execution = steps_per_loop
@@ -213,7 +217,8 @@ def run_plain_keras(spec):
   model.compile(optimizer=optimization.make_optimizer(spec.config, None),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
-                steps_per_execution=spec.config.steps_per_loop)
+                steps_per_execution=spec.config.steps_per_loop,
+                jit_compile=jit_compile)
   dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   # One short fit builds the model, optimizer and metrics (as
   # trainer.build does for the strategies) and makes the train function.

@@ -231,7 +231,8 @@ def test_compile_accepts_each_optimizer_form():
     ({"loss": "nope"}, "Received: loss='nope'"),
     ({"metrics": [keras.metrics.AUC()]},
      "Received: metrics="),
-    ({"jit_compile": True}, "Received: \\['jit_compile'\\]"),
+    ({"run_eagerly": True}, "Received: \\['run_eagerly'\\]"),
+    ({"jit_compile": "on"}, "Received: jit_compile='on'"),
 ])
 def test_compile_errors_name_the_argument(compile_kwargs, match):
   model = InterlockModel(keras_split.from_keras(sequential_cnn(size=SIZE), 3))

@@ -183,7 +183,7 @@ class InterlockModel(keras.Model):
   # -- compile and fit ------------------------------------------------------
 
   def compile(self, optimizer="adam", loss=None, metrics=None,
-              steps_per_execution=1, **kwargs):
+              steps_per_execution=1, jit_compile="auto", **kwargs):
     """Configures interlocking training.
 
     Args:
@@ -204,13 +204,18 @@ class InterlockModel(keras.Model):
         network's also as "<name>" (see `keras_metrics`).
       steps_per_execution: training steps unrolled into one `tf.function`
         call (`InterlockTrainer.train_loop`'s `steps_per_loop`).
+      jit_compile: True, False or "auto": compile the training step with
+        XLA (`InterlockTrainer`'s argument; "auto" as Keras: on where the
+        modules run on a GPU or TPU, off on CPU; always on for
+        placement="tpu"). The resolved value is `model.trainer.jit_compile`.
       **kwargs: other `keras.Model.compile` arguments are not supported and
         raise.
     """
     if kwargs:
       raise ValueError(
-          f"InterlockModel.compile takes optimizer, loss, metrics and "
-          f"steps_per_execution only. Received: {sorted(kwargs)}")
+          f"InterlockModel.compile takes optimizer, loss, metrics, "
+          f"steps_per_execution and jit_compile only. "
+          f"Received: {sorted(kwargs)}")
     # The trainer's own forms, named as compile's arguments; a list's
     # optimizers are cloned onto their modules' devices too.
     factory = trainer_lib.optimizer_factory(
@@ -220,6 +225,8 @@ class InterlockModel(keras.Model):
         name="loss"))
     metric_fn, metric_names = keras_metrics.per_example_metrics(metrics)
     metric_fn = keras_fit.unweighted(metric_fn)
+    # Keras's own jit_compile stays False: training runs the trainer's
+    # loop, which compiles with XLA itself (`jit_compile` below).
     super().compile(optimizer=None, loss=None, metrics=None,
                     steps_per_execution=steps_per_execution,
                     jit_compile=False, run_eagerly=False)
@@ -227,7 +234,7 @@ class InterlockModel(keras.Model):
         self.interlock_modules, factory, self.interlock_strategy,
         loss_fn=loss_fn, metric_fn=metric_fn, distribute=self._distribute,
         placement=self.placement, steps_per_loop=steps_per_execution,
-        num_microbatches=self.num_microbatches)
+        num_microbatches=self.num_microbatches, jit_compile=jit_compile)
     # Named attributes: Keras saves (and BackupAndRestore restores) each
     # module's optimizer state with the model's weights.
     for k, opt in enumerate(self.trainer.optimizers, start=1):
@@ -252,6 +259,8 @@ class InterlockModel(keras.Model):
     object.__setattr__(self, "_interlock_compile_config",
                        keras_fit.compile_config(optimizer, loss, metrics,
                                                 steps_per_execution))
+    if self._interlock_compile_config is not None:
+      self._interlock_compile_config["jit_compile"] = jit_compile
     self._slots_built = False
     if self.built:
       self._build_trainer_slots(self._build_shapes_dict["input_shape"])

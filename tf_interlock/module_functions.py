@@ -29,18 +29,36 @@ Why the numbers and the overlap do not change:
 The body's regularization losses are summed inside the function and
 returned: tensors a layer keeps in `losses` belong to the function's own
 graph and cannot be read outside it.
+
+XLA (`jit_compile`, see `resolve_jit_compile` and docs/xla.md). A placement
+that puts modules on several devices (`DEPTHWISE_KINDS`) compiles each of
+these functions with XLA, on its module's device, and calls them whatever
+the number of calls: one XLA program per module and kind of work (body,
+update, gradient norm), so the modules still overlap. The body's VJPs come
+from the gradient of a compiled function, which TF compiles too. The glue
+between modules (routing, aux heads, losses) stays in the TF graph.
 """
 
 import collections
 import functools
 
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 # Placements whose modules' bodies and updates are traced once: one process
 # under the default strategy. TPU (logical cores assigned while the replica
 # function is traced) and the cluster's remote devices keep the op-by-op
 # path they were written and checked with.
 TRACED_KINDS = ("single", "simulated", "gpu")
+
+# Placements whose per-module functions are each one XLA program under
+# `jit_compile`: one function may touch only its module's variables, on its
+# module's device (XLA refuses a resource on another device). "single"
+# compiles the whole replica step instead (`InterlockTrainer`), "tpu" is
+# compiled by `TPUStrategy.run` itself.
+DEPTHWISE_KINDS = ("simulated", "gpu", "cluster")
+
+JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 
 
 # Tracing a function costs more than tracing its ops once inline: TF also
@@ -68,6 +86,10 @@ class PerModuleFunction:
     self.fn = fn
     self.key = key
     self.owner = owner
+    self._function = None
+
+  def _make_function(self):
+    fn, key, owner = self.fn, self.key, self.owner
 
     def counted(*args):
       owner.traces[key] += 1
@@ -75,10 +97,13 @@ class PerModuleFunction:
 
     # autograph=False: the work is plain dataflow (Keras layers, optimizer
     # updates); autograph's conversion would only add tracing time.
-    self._function = tf.function(counted, autograph=False)
+    return tf.function(counted, autograph=False,
+                       jit_compile=owner.jit_compile or None)
 
   def __call__(self, *args):
     if self.owner.use and not tf.distribute.has_strategy():
+      if self._function is None:  # made once `jit_compile` is settled
+        self._function = self._make_function()
       return self._function(*args)
     return self.fn(*args)
 
@@ -94,6 +119,8 @@ class ModuleFunctions:
   Attributes:
     traced: whether the functions may be traced at all (False: always op
       by op; a test sets it to compare both).
+    jit_compile: whether each function is one XLA program, called on every
+      call (set by `compile_each` before the first call).
     traces: how often each per-module function was traced, keyed
       `("body", k)` for the bodies and as callers `add` (a Python counter
       incremented while tracing; calls do not count).
@@ -103,6 +130,7 @@ class ModuleFunctions:
   def __init__(self, modules, placement):
     self.modules = list(modules)
     self.traced = placement.kind in TRACED_KINDS
+    self.jit_compile = False
     self.calls = MIN_CALLS
     self.traces = collections.Counter()
     self.functions = {}
@@ -112,7 +140,18 @@ class ModuleFunctions:
   @property
   def use(self):
     """Whether calls now go through the traced functions."""
-    return self.traced and self.calls >= MIN_CALLS
+    return self.jit_compile or (self.traced and self.calls >= MIN_CALLS)
+
+  def compile_each(self):
+    """Makes every function one XLA program, called on every call.
+
+    Raises:
+      RuntimeError: once a function has been traced without XLA.
+    """
+    if any(f._function is not None for f in self.functions.values()):
+      raise RuntimeError("compile_each must come before the first call of "
+                         "a per-module function. Received: traced already")
+    self.jit_compile = True
 
   def tracing_loop(self, calls):
     """Sets how often the loop being traced calls each function: below
@@ -134,3 +173,65 @@ def _body(module, x):
   h = module.body(x, training=True)
   reg = tf.add_n(module.body.losses) if module.body.losses else None
   return h, reg
+
+
+def _has_accelerator(placement):
+  """Whether the modules run on a non-CPU device (GPU or TPU)."""
+  if placement.kind == "tpu":
+    return True
+  if placement.devices is not None:
+    return any("CPU" not in tf.DeviceSpec.from_string(d).device_type.upper()
+               for d in placement.devices)
+  return any(d.device_type != "CPU"
+             for d in tf.config.list_physical_devices())
+
+
+def resolve_jit_compile(jit_compile, placement, distribute):
+  """Whether a trainer compiles its step with XLA (True or False).
+
+  "auto" is Keras 3's meaning, on the devices the modules run on: on where
+  they run on a non-CPU device, off on CPU (measured slower there,
+  docs/results/xla) and off under op determinism (not every XLA kernel is
+  deterministic). Keras's own "auto" is also off under any `tf.distribute`
+  strategy; here the default strategy, which the trainer always runs
+  under, does not count.
+
+  Args:
+    jit_compile: True, False or "auto".
+    placement: the trainer's `placement.Placement`.
+    distribute: the trainer's `tf.distribute.Strategy`.
+
+  Returns:
+    The resolved bool: always True for placement "tpu" (`TPUStrategy.run`
+    compiles every replica step with XLA).
+
+  Raises:
+    ValueError: an unknown value, jit_compile=False with placement "tpu", or
+      jit_compile=True under a strategy with several replicas other than a
+      TPUStrategy.
+  """
+  if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
+    raise ValueError(f"jit_compile must be {JIT_COMPILE_ALLOWED}. "
+                     f"Received: jit_compile={jit_compile!r}")
+  if placement.kind == "tpu" or isinstance(distribute,
+                                           tf.distribute.TPUStrategy):
+    if jit_compile is False:
+      raise ValueError(
+          "A TPU runs only XLA programs: TPUStrategy.run compiles the "
+          "replica step whatever jit_compile says; pass True or 'auto'. "
+          "Received: jit_compile=False")
+    return True
+  replicas = distribute.num_replicas_in_sync
+  if replicas > 1:
+    if jit_compile is True:
+      raise ValueError(
+          f"jit_compile=True is not supported under "
+          f"{type(distribute).__name__} with {replicas} replicas: Keras's "
+          f"optimizers and synchronized BatchNormalization all-reduce with "
+          f"merge_call, which TF refuses inside a compiled function; use "
+          f"'auto' (off here) or False. Received: jit_compile=True")
+    return False
+  if jit_compile == "auto":
+    return (_has_accelerator(placement)
+            and not tf_config.is_op_determinism_enabled())
+  return jit_compile

@@ -26,6 +26,13 @@ Under `mixed_float16` every module's optimizer is a
 `keras.Model.compile` does): module k scales its losses by its own dynamic
 scale S_k and its optimizer unscales its gradients and skips a non-finite
 step, lowering S_k, by Keras's rules.
+
+With `jit_compile` (XLA, docs/xla.md) placement "single" compiles each
+whole replica step (forward, routed backward and the K updates of every
+microbatch) as one XLA program; the depthwise placements compile each
+module's body, update and gradient norm on its own device
+(`module_functions`), so the modules still overlap; "tpu" is compiled by
+`TPUStrategy.run`.
 """
 
 import functools
@@ -37,6 +44,7 @@ from tf_interlock import engine
 from tf_interlock import exits as exits_lib
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
+from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
 
@@ -117,7 +125,7 @@ class InterlockTrainer:
                loss_fn=losses_lib.sparse_softmax_cross_entropy,
                metric_fn=losses_lib.sparse_accuracy, distribute=None,
                placement=None, steps_per_loop=1, num_microbatches=1,
-               replicas=None):
+               replicas=None, jit_compile="auto"):
     self.modules = list(modules)
     self.replicas = replicas
     if not self.modules:
@@ -151,6 +159,8 @@ class InterlockTrainer:
           "Received: policy=mixed_float16, placement=tpu")
     if self.replicas is not None:
       self.replicas.check_trainer(self.distribute, self.float16)
+    self.jit_compile = module_functions.resolve_jit_compile(
+        jit_compile, self.placement, self.distribute)
     self.steps_per_loop = steps_per_loop
     self.num_microbatches = num_microbatches
     self.optimizers = self._make_optimizers(optimizers)
@@ -167,6 +177,18 @@ class InterlockTrainer:
     self._norms = [self.step.functions.add(tf.linalg.global_norm,
                                            ("grad_norm", k))
                    for k in range(len(self.modules))]
+    # What one XLA program holds (`jit_compile`): each module's functions
+    # on its own device, or one whole replica step on the one device (its
+    # per-module functions then inline: XLA sees the whole step anyway).
+    self._compile_step = False
+    if self.jit_compile and self.placement.kind in (
+        module_functions.DEPTHWISE_KINDS):
+      self.step.functions.compile_each()
+    elif self.jit_compile and self.placement.kind == "single" and not (
+        isinstance(self.distribute, tf.distribute.TPUStrategy)):
+      # (A TPUStrategy compiles its replica step itself.)
+      self._compile_step = True
+      self.step.functions.traced = False
 
   @property
   def num_modules(self):
@@ -345,7 +367,21 @@ class InterlockTrainer:
     metrics[metric_names.metric_name(k, "loss_scale")] = scale / replicas
     return grads, tf.where(finite, norm / scale, 0.0)
 
+  def _step_metrics(self, features, labels):
+    """One step on every replica; its metrics summed over replicas."""
+    per_replica = self.distribute.run(self._replica_step,
+                                      args=(features, labels))
+    return {key: self.distribute.reduce(tf.distribute.ReduceOp.SUM, value,
+                                        axis=None)
+            for key, value in per_replica.items()}
+
   def _make_loop(self, num_steps):
+    step = self._step_metrics
+    if self._compile_step:
+      # One XLA program per step, traced once and called by every unrolled
+      # step (the input iterator stays outside: it is a host op).
+      step = tf.function(step, autograph=False, jit_compile=True)
+
     def loop(iterator):
       # Runs while tracing: per-module functions only where this loop calls
       # each one often enough to pay for tracing it (`module_functions`).
@@ -353,11 +389,7 @@ class InterlockTrainer:
       totals = None
       for _ in range(num_steps):
         features, labels = next(iterator)
-        per_replica = self.distribute.run(self._replica_step,
-                                          args=(features, labels))
-        metrics = {key: self.distribute.reduce(tf.distribute.ReduceOp.SUM,
-                                               value, axis=None)
-                   for key, value in per_replica.items()}
+        metrics = step(features, labels)
         totals = metrics if totals is None else {
             key: totals[key] + metrics[key] for key in totals}
       return {key: value / num_steps for key, value in totals.items()}

@@ -27,6 +27,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 PLACEMENTS = ("single", "simulated", "gpu", "tpu", "cluster")
 PRECISIONS = ("float32", "bfloat16")
+JIT_COMPILE = ("auto", "true", "false")
 NAN_POLICIES = ("stop", "skip")
 VOCAB_KINDS = ("wordpiece", "char")
 AUX_HEADS = ("authors", "pool", "none")
@@ -163,6 +164,10 @@ class Config:
   mixed_precision: str = _field(
       "float32", f"Compute dtype: {_one_of(PRECISIONS)} (bfloat16: Keras's "
       "mixed_bfloat16 policy, float32 weights).")
+  jit_compile: str = _field(
+      "auto", f"XLA: {_one_of(JIT_COMPILE)}. auto: on where the modules run "
+      "on a GPU or TPU, off on CPU (measured slower there, "
+      "docs/results/xla); placement=tpu always compiles (docs/xla.md).")
   # Optimization (each module gets its own optimizer of this kind).
   optimizer: str = _field("sgd", f"Each module's own optimizer: "
                           f"{_one_of(OPTIMIZERS)}.")
@@ -350,6 +355,7 @@ def _check_choices(config):
                          ("lr_schedule", SCHEDULES),
                          ("placement", PLACEMENTS),
                          ("mixed_precision", PRECISIONS),
+                         ("jit_compile", JIT_COMPILE),
                          ("on_nan", NAN_POLICIES),
                          ("vocab_kind", VOCAB_KINDS),
                          ("aux_head", AUX_HEADS),
@@ -542,6 +548,14 @@ def validate(config, num_replicas=1):
   check_batch(config, num_replicas)
   if config.placement == "tpu" and not config.tpu:
     fail("tpu", config.tpu, "placement=tpu needs --tpu (name or grpc://)")
+  if config.placement == "tpu" and config.jit_compile == "false":
+    fail("jit_compile", config.jit_compile, "placement=tpu always compiles "
+         "with XLA (a TPU runs only XLA programs); use auto or true")
   _check_cluster(config)
   _check_directory("source_dir", config.source_dir, may_create=False)
   _check_directory("data_dir", config.data_dir, may_create=True)
+
+
+def jit_compile_value(config):
+  """--jit_compile as `InterlockTrainer` takes it: True, False or "auto"."""
+  return {"auto": "auto", "true": True, "false": False}[config.jit_compile]

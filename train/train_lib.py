@@ -105,7 +105,8 @@ def build(config):
       modules, lambda k: optimization.make_optimizer(config, steps),
       config.strategy, variant=config.variant, distribute=distribute,
       placement=placement, steps_per_loop=config.steps_per_loop,
-      num_microbatches=config.num_microbatches, replicas=replicas)
+      num_microbatches=config.num_microbatches, replicas=replicas,
+      jit_compile=config_lib.jit_compile_value(config))
   sample = next(iter(task.train.take(1)))[0]
   trainer.build(sample)
   return trainer, task, steps
