@@ -14,12 +14,19 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests import cluster_procs  # noqa: E402
+from tests import floors  # noqa: E402
 
 NUM_TEST_DEVICES = 4
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES)
+
+
+def pytest_collection_modifyitems(items):
+  """Marks each test with its file's floor: library, train or research."""
+  for item in items:
+    item.add_marker(floors.floor_of(str(item.path)))
 
 
 @pytest.fixture(scope="session")
