@@ -41,6 +41,18 @@ def mirrored():
   return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory):
+  """A synthetic_mlp run of train.train for 10 steps (ckpt-10, its export),
+  trained once per pytest process; tests copy it before they touch it."""
+  from tests.binaries import run_binary  # pylint: disable=g-import-not-at-top
+  run = str(tmp_path_factory.mktemp("synthetic") / "run")
+  run_binary("train.train", "--preset=synthetic_mlp", "--steps_per_loop=5",
+             "--checkpoint_every_steps=10", "--eval_every_steps=10",
+             "--train_steps=10", f"--model_dir={run}")
+  return run
+
+
 @pytest.fixture
 def procs():
   """Worker processes a test starts; all stopped at its end, even on failure."""

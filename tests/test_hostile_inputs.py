@@ -39,12 +39,11 @@ SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
          "--checkpoint_every_steps=10", "--eval_every_steps=10"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run trained for 10 steps (ckpt-10 and its export); tests copy it."""
-  run = str(tmp_path_factory.mktemp("hostile") / "run")
-  run_binary("train.train", *SYNTH, "--train_steps=10", f"--model_dir={run}")
-  return run
+@pytest.fixture
+def trained(synthetic_run):
+  """A 10-step run of SYNTH (ckpt-10, its export; conftest.py's, shared
+  by the files that need one); tests copy it."""
+  return synthetic_run
 
 
 def _tree(root):

@@ -53,13 +53,11 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A 10-step run (checkpoint at step 10, export) that tests copy."""
-  model_dir = str(tmp_path_factory.mktemp("trained") / "run")
-  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-             "--train_steps=10")
-  return model_dir
+@pytest.fixture
+def trained(synthetic_run):
+  """A 10-step run of SYNTH (ckpt-10, its export; conftest.py's, shared
+  by the files that need one); tests copy it."""
+  return synthetic_run
 
 
 def _copy(trained_dir, tmp_path):
