@@ -14,19 +14,31 @@ $(STAMP): requirements.txt
 	$(PYTHON) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
+# pytest-xdist: one pytest worker per core (2 here; WORKERS=0 runs in one
+# process). --dist loadfile keeps each test file on one worker, so a file's
+# module-scoped fixtures (a trained run) are built once. FLOOR=library,
+# train or research runs one floor (tests/floors.py). See docs/testing.md.
+WORKERS ?= 2
+FLOOR ?=
+XDIST := -n $(WORKERS) --dist loadfile
+ONLY := $(if $(FLOOR),$(FLOOR) and ,)
+
 test: setup
-	$(PYTHON) -m pytest -q --durations=10 -m "not cluster and not slow"
+	$(PYTHON) -m pytest -q --durations=10 $(XDIST) \
+	  -m "$(ONLY)not cluster and not slow"
 
 # The binaries under attack: dozens of processes each (bad flags, hostile
 # files, signals, kill-and-resume, compare's refusals), and the research
 # tools' binaries end to end. .ci/run runs them.
 test-slow: setup
-	$(PYTHON) -m pytest -q --durations=10 -m "slow and not cluster"
+	$(PYTHON) -m pytest -q --durations=10 $(XDIST) \
+	  -m "$(ONLY)slow and not cluster"
 
 # placement=cluster with real worker processes on 127.0.0.1 (slow: each
 # test starts its own train.worker processes and stops them).
+# One process: each test already starts several (workers, a client).
 test-cluster: setup
-	$(PYTHON) -m pytest -q --durations=10 -m cluster
+	$(PYTHON) -m pytest -q --durations=10 -m "$(ONLY)cluster"
 
 # The offline default data set: Debian's dataset-fashion-mnist (IDX files).
 FASHION_MNIST := /usr/share/datasets/fashion-mnist

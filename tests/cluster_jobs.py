@@ -9,7 +9,6 @@ failing test leaves no process behind.
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -18,21 +17,15 @@ import numpy as np
 import tensorflow as tf
 
 from tests import binaries
+from tests import cluster_procs
 from tests import replica_job
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def free_ports(count):
-  """`count` distinct free TCP ports on 127.0.0.1."""
-  sockets = [socket.socket() for _ in range(count)]
-  try:
-    for s in sockets:
-      s.bind(("127.0.0.1", 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+  """`count` distinct free TCP ports on 127.0.0.1 (this xdist worker's)."""
+  return cluster_procs.free_ports(count)
 
 
 def tf_config(ports, index, chief=False):

@@ -18,15 +18,31 @@ def env():
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
 
 
+def _xdist_slot():
+  """(index, count) of this pytest-xdist worker; (0, 1) without xdist."""
+  name = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+  count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+  return (int(name[2:]) if name.startswith("gw") else 0), max(count, 1)
+
+
 def free_ports(count):
-  """`count` TCP ports on 127.0.0.1 that nothing listens on right now."""
-  socks = []
+  """`count` TCP ports on 127.0.0.1 that nothing listens on right now.
+
+  Under pytest-xdist, worker i of n takes only ports p with p % n == i:
+  two workers' tests never pick the same port between this call and the
+  moment their processes bind it.
+  """
+  index, workers = _xdist_slot()
+  socks, ports = [], []
   try:
-    for _ in range(count):
+    while len(ports) < count:  # every socket stays bound: no port twice
       s = socket.socket()
       s.bind(("127.0.0.1", 0))
       socks.append(s)
-    return [s.getsockname()[1] for s in socks]
+      port = s.getsockname()[1]
+      if port % workers == index:
+        ports.append(port)
+    return ports
   finally:
     for s in socks:
       s.close()

@@ -14,12 +14,19 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests import cluster_procs  # noqa: E402
+from tests import floors  # noqa: E402
 
 NUM_TEST_DEVICES = 4
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES)
+
+
+def pytest_collection_modifyitems(items):
+  """Marks each test with its file's floor: library, train or research."""
+  for item in items:
+    item.add_marker(floors.floor_of(str(item.path)))
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +39,18 @@ def mirrored():
   jobs build one strategy.
   """
   return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory):
+  """A synthetic_mlp run of train.train for 10 steps (ckpt-10, its export),
+  trained once per pytest process; tests copy it before they touch it."""
+  from tests.binaries import run_binary  # pylint: disable=g-import-not-at-top
+  run = str(tmp_path_factory.mktemp("synthetic") / "run")
+  run_binary("train.train", "--preset=synthetic_mlp", "--steps_per_loop=5",
+             "--checkpoint_every_steps=10", "--eval_every_steps=10",
+             "--train_steps=10", f"--model_dir={run}")
+  return run
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests import cluster_procs
+from tests import hold
 
 pytestmark = pytest.mark.cluster
 RUN = ["--preset=synthetic_mlp", "--num_modules=2", "--train_steps=300",
@@ -40,14 +41,17 @@ def test_killed_worker_is_named_and_the_rerun_resumes_bit_identically(
   cluster, workers = procs.start_cluster(2)
   train = RUN + ["--placement=cluster", f"--cluster={cluster}"]
   killed = str(tmp_path / "killed")
-  client = procs.start("train.train", *train, f"--model_dir={killed}")
-  for line in client.stdout:  # past the first checkpoints, well before 300
-    if line.startswith("step 60/300"):
-      workers[1].send_signal(signal.SIGKILL)
-      killed_at = time.monotonic()
-      break
-  else:
-    pytest.fail(f"the client ended early: {client.stderr.read()[-2000:]}")
+  # The client holds at step 60 (tests.hold: the 12th loop of 5 steps),
+  # past the first checkpoints, until the worker is dead for certain.
+  ready = str(tmp_path / "held")
+  client = procs.start("tests.hold", ready, "train.actions.Progress.after_loop",
+                       "12", "train.train", *train, f"--model_dir={killed}")
+  hold.wait_until_held(ready, client)
+  workers[1].send_signal(signal.SIGKILL)
+  workers[1].wait(timeout=60)
+  killed_at = time.monotonic()
+  with open(ready + ".go", "w"):
+    pass
   client.wait(timeout=120)
   waited = time.monotonic() - killed_at
   errors = client.stderr.read().strip().splitlines()

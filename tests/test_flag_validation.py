@@ -73,8 +73,10 @@ def _cases(tmp_path, prepared):
 
   Every case is refused before anything is written. A case through the
   binary costs a process (seconds of CPU for TensorFlow's import), so one
-  case per kind of check goes through `python -m train.train`; the others
-  call the same `main` in this process.
+  case goes through `python -m train.train`: the unreachable TPU, whose
+  stderr under TF's default logging must be the error line alone, which
+  only a fresh process shows. The others call the same `main`, behind the
+  same error boundary, in this process.
   """
   a_file = tmp_path / "a_file"
   a_file.write_text("not a directory")
@@ -86,18 +88,18 @@ def _cases(tmp_path, prepared):
           "--num_heads=2", "--mlp_dim=32", "--seq_len=16", "--batch_size=8"]
   truncated = _truncated_copy(prepared, tmp_path)
   return [
-      (True, SYNTH + ["--split=1,1"], ["--split='1,1'", "4 positive counts"]),
+      (False, SYNTH + ["--split=1,1"], ["--split='1,1'", "4 positive counts"]),
       (False, SYNTH + ["--epochs=1", "--train_steps=10"],
        ["--epochs=1.0", "not both"]),
-      (True, SYNTH + ["--epochs=0.0001"], ["--epochs=0.0001", "gives 0 steps"]),
-      (True, SYNTH + ["--batch_size=2048"],
+      (False, SYNTH + ["--epochs=0.0001"], ["--epochs=0.0001", "gives 0 steps"]),
+      (False, SYNTH + ["--batch_size=2048"],
        ["--batch_size=2048", "evaluation split of synthetic holds 1024"]),
       (False, SYNTH + [f"--data_dir={a_file}"],
        [f"--data_dir='{a_file}'", "not a file"]),
       (True, SYNTH + ["--placement=tpu", "--tpu=nosuchtpu"],
        ["--tpu='nosuchtpu'", "cannot reach the TPU"]),
-      (True, lm + ["--seq_len=50000"], ["--seq_len=50000", "training split"]),
-      (True, ["--preset=fashion_mnist_resnet", "--placement=single",
+      (False, lm + ["--seq_len=50000"], ["--seq_len=50000", "training split"]),
+      (False, ["--preset=fashion_mnist_resnet", "--placement=single",
               "--batch_size=50", f"--source_dir={prepared[0]}",
               f"--data_dir={truncated}"],
        ["fashion_mnist_local-train.tfrecord", "truncated"]),
@@ -170,16 +172,20 @@ def _check(flags_given, words, code, err, model_dir):
   assert not model_dir.exists(), flags_given
 
 
-@pytest.fixture(scope="module")
-def started(tmp_path_factory, prepared):
-  """Every binary run of this file, started at once (they run in parallel).
+def _stop(procs):
+  for proc in procs:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+
+
+@pytest.fixture
+def bad_flag_runs(tmp_path, prepared):
+  """The bad-flag runs through the binary, started at once (in parallel).
 
   Returns:
-    {"cases": (cases, tmp_path), "bad": [(flags, words, model_dir, proc)],
-     "quiet": [proc, proc]}: the bad-flag runs through the binary, and a
-    5-step run without and with --verbosity=0.
+    (cases, tmp_path, [(flags, words, model_dir, proc)]).
   """
-  tmp_path = tmp_path_factory.mktemp("flags")
   cases = _cases(tmp_path, prepared)
   bad = []
   for i, (binary, flags_given, words) in enumerate(cases):
@@ -187,6 +193,13 @@ def started(tmp_path_factory, prepared):
       model_dir = tmp_path / f"run{i}"
       bad.append((flags_given, words, model_dir,
                   _start(flags_given + [f"--model_dir={model_dir}"])))
+  yield cases, tmp_path, bad
+  _stop([run[-1] for run in bad])
+
+
+@pytest.fixture
+def quiet_runs(tmp_path):
+  """A 5-step run without and with --verbosity=0, started at once."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   env["PYTHONPATH"] = ROOT
   quiet = [subprocess.Popen(
@@ -194,16 +207,13 @@ def started(tmp_path_factory, prepared):
        f"--model_dir={tmp_path / f'quiet{i}'}", *verbosity], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i, verbosity in enumerate(([], ["--verbosity=0"]))]
-  yield {"cases": (cases, tmp_path), "bad": bad, "quiet": quiet}
-  for proc in [run[-1] for run in bad] + quiet:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
+  yield quiet
+  _stop(quiet)
 
 
 @pytest.mark.slow
-def test_bad_flags_fail_in_one_line_and_write_nothing(started, capsys):
-  cases, tmp_path = started["cases"]
+def test_bad_flags_fail_in_one_line_and_write_nothing(bad_flag_runs, capsys):
+  cases, tmp_path, bad = bad_flag_runs
   try:
     for i, (binary, flags_given, words) in enumerate(cases):
       if not binary:
@@ -213,7 +223,7 @@ def test_bad_flags_fail_in_one_line_and_write_nothing(started, capsys):
         _check(flags_given, words, code, err, model_dir)
   finally:
     absl_flags.FLAGS.unparse_flags()
-  for flags_given, words, model_dir, proc in started["bad"]:
+  for flags_given, words, model_dir, proc in bad:
     _, err = proc.communicate(timeout=300)
     _check(flags_given, words, proc.returncode, err, model_dir)
     if _default_logging(flags_given):
@@ -370,10 +380,10 @@ def test_verbosity_is_read_from_the_command_line():
   assert "TF_CPP_MIN_LOG_LEVEL" not in runtime_env.environment_defaults(True)
 
 
-def test_a_run_is_quiet_unless_verbosity_asks(started):
+def test_a_run_is_quiet_unless_verbosity_asks(quiet_runs):
   (quiet_out, quiet), (_, verbose) = [p.communicate(timeout=300)
-                                      for p in started["quiet"]]
-  assert [p.returncode for p in started["quiet"]] == [0, 0], (quiet, verbose)
+                                      for p in quiet_runs]
+  assert [p.returncode for p in quiet_runs] == [0, 0], (quiet, verbose)
   assert "step 5/5" in quiet_out
   # absl INFO (checkpoint sharding) and what TF's C++ prints at import.
   for noise in ("Sharding callback", "before absl::InitializeLog()"):

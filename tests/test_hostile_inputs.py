@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import hold
 from tests.binaries import ROOT, run_binary
 from tf_interlock import run_lock
 from tf_interlock.run_dir import RunDir
@@ -38,12 +39,11 @@ SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
          "--checkpoint_every_steps=10", "--eval_every_steps=10"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run trained for 10 steps (ckpt-10 and its export); tests copy it."""
-  run = str(tmp_path_factory.mktemp("hostile") / "run")
-  run_binary("train.train", *SYNTH, "--train_steps=10", f"--model_dir={run}")
-  return run
+@pytest.fixture
+def trained(synthetic_run):
+  """A 10-step run of SYNTH (ckpt-10, its export; conftest.py's, shared
+  by the files that need one); tests copy it."""
+  return synthetic_run
 
 
 def _tree(root):
@@ -290,27 +290,23 @@ def test_break_lock_takes_any_lock_and_resume_records_changes(trained,
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_export_is_one_line_and_leaves_nothing(
     trained, tmp_path, signum):
-  # On a loaded host the export may finish between seeing its temporary
-  # folder and the signal: such an attempt must have left a whole export
-  # and no temporary folder; then the next attempt runs on a fresh copy.
-  for attempt in range(3):
-    run = tmp_path / f"run{attempt}"
-    shutil.copytree(trained, run)
-    before = _tree(run)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "train.export", f"--model_dir={run}"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    deadline = time.time() + 240
-    while not any(p.name.startswith(".export.tmp-") for p in run.iterdir()):
-      assert proc.poll() is None and time.time() < deadline, "no export began"
-      time.sleep(0.02)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
-    if proc.returncode != 0:
-      break
-    assert (run / "export" / "saved_model.pb").exists(), err
-    assert not any(p.name.startswith(".export.tmp-") for p in run.iterdir())
+  # tests.hold stops the export once its temporary folder holds the whole
+  # SavedModel, before it is moved into place: the signal lands there.
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  before = _tree(run)
+  ready = tmp_path / "held"
+  proc = subprocess.Popen(
+      hold.command(ready, "tf_interlock.export._stop_gradients_to_identities",
+                   1, "train.export", f"--model_dir={run}"),
+      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+  hold.wait_until_held(ready, proc)
+  (temporary,) = [p for p in run.iterdir()
+                  if p.name.startswith(".export.tmp-")]
+  assert (temporary / "saved_model.pb").exists()
+  proc.send_signal(signum)
+  _, err = proc.communicate(timeout=120)
   assert proc.returncode == 1, err
   line = _one_error_line(err)
   assert signal.Signals(signum).name in line, line
@@ -347,15 +343,16 @@ def test_a_bit_flipped_checkpoint_is_one_line_and_nothing_else(trained,
 
 @pytest.mark.slow
 def test_a_signal_while_tracing_is_one_line_and_releases_the_lock(tmp_path):
+  # Held once the lock is taken, before the first step is traced.
   run = tmp_path / "run"
+  ready = tmp_path / "held"
   proc = subprocess.Popen(
-      [sys.executable, "-m", "train.train", *SYNTH, "--train_steps=20",
-       f"--model_dir={run}"], cwd=ROOT, env=_env(),
+      hold.command(ready, "tf_interlock.run_lock.RunLock.acquire", 1,
+                   "train.train", *SYNTH, "--train_steps=20",
+                   f"--model_dir={run}"), cwd=ROOT, env=_env(),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 240
-  while not (run / "lock.json").exists():  # taken just before building
-    assert proc.poll() is None and time.time() < deadline, "no lock taken"
-    time.sleep(0.02)
+  hold.wait_until_held(ready, proc)
+  assert (run / "lock.json").exists()
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 1, err

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import hold
 from tests.binaries import ROOT, run_binary, tree_digest
 from train import config as config_lib
 from train import flags_lib
@@ -52,13 +53,11 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A 10-step run (checkpoint at step 10, export) that tests copy."""
-  model_dir = str(tmp_path_factory.mktemp("trained") / "run")
-  run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-             "--train_steps=10")
-  return model_dir
+@pytest.fixture
+def trained(synthetic_run):
+  """A 10-step run of SYNTH (ckpt-10, its export; conftest.py's, shared
+  by the files that need one); tests copy it."""
+  return synthetic_run
 
 
 def _copy(trained_dir, tmp_path):
@@ -116,13 +115,15 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
   straight = str(tmp_path / "straight")
   killed = str(tmp_path / "killed")
   run_binary("train.train", *flags, f"--model_dir={straight}")
-  proc = _start("train.train", *flags, f"--model_dir={killed}")
-  for line in proc.stdout:  # kill somewhere after the first checkpoint
-    if line.startswith("step 15/40"):
-      proc.send_signal(signal.SIGKILL)
-      break
-  proc.wait(timeout=60)
+  # Killed at step 15, held there (tests.hold): after ckpt-10, before 20.
+  ready = str(tmp_path / "held")
+  proc = _start("tests.hold", ready, "train.actions.Progress.after_loop", "3",
+                "train.train", *flags, f"--model_dir={killed}")
+  hold.wait_until_held(ready, proc)
+  proc.send_signal(signal.SIGKILL)
+  out, _ = proc.communicate(timeout=60)
   assert proc.returncode == -signal.SIGKILL
+  assert out.splitlines()[-1].startswith("step 15/40"), out
   # The killed run's lock names a dead process on this host: taken over.
   assert os.path.exists(os.path.join(killed, "lock.json"))
   resumed = run_binary("train.train", *flags, f"--model_dir={killed}")

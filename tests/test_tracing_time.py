@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests import binaries
+from tests import refusals
 
 # research.tracing_time defines absl flags (--model, ...) that
 # train.flags_lib defines too, so it is never imported into the test
@@ -16,16 +17,28 @@ _FORMAT = ("import json, sys\n"
            "print(tracing_time.format_table(json.load(sys.stdin)))\n")
 
 
-@pytest.mark.parametrize("flag,shown", [
+BAD_FLAGS = [
     ("--model=vgg", "--model='vgg' is invalid"),
     ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
     ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
-])
-def test_bad_flags_fail_in_one_line(flag, shown):
-  proc = binaries.run_binary("research.tracing_time", flag, check=False)
-  assert proc.returncode == 1
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and shown in lines[0], proc.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def refused():
+  """{flag: result}: every bad flag through the binary's main, in one
+  process (tests.refusals)."""
+  results = refusals.run("research.tracing_time",
+                         [[flag] for flag, _ in BAD_FLAGS])
+  return {flag: result for (flag, _), result in zip(BAD_FLAGS, results)}
+
+
+@pytest.mark.parametrize("flag,shown", BAD_FLAGS)
+def test_bad_flags_fail_in_one_line(refused, flag, shown):
+  result = refused[flag]
+  assert result["code"] == 1
+  lines = result["stderr"].strip().splitlines()
+  assert len(lines) == 1 and shown in lines[0], result["stderr"]
   assert "Received:" in lines[0]
 
 
