@@ -293,6 +293,20 @@ class FitLogs:
   def __init__(self):
     self.steps_per_epoch = None
     self.extra = {}
+    self._updaters = {}
+
+  def _updater(self, trackers):
+    """One `tf.function` that adds a call's means to `trackers` (a list)
+    and returns their results: one call op instead of some ten eager ops
+    per tracker (about 20 ms a call on the benchmark's host)."""
+    key = tuple(id(t) for t in trackers)
+    if key not in self._updaters:
+      def update(values, weight):
+        for tracker, value in zip(trackers, tf.unstack(values)):
+          tracker.update_state(value, sample_weight=weight)
+        return [tracker.result() for tracker in trackers]
+      self._updaters[key] = tf.function(update, autograph=False)
+    return self._updaters[key]
 
   def train_function(self, model):
     """The callable `fit` calls with Keras's iterator; returns the logs."""
@@ -315,11 +329,14 @@ class FitLogs:
           key = metric_names.metric_name(model.num_modules - 1, name)
           if key in metrics:
             metrics[name] = metrics[key]
-        for key, value in metrics.items():
+        for key in metrics:
           if key not in trackers:
             trackers[key] = self.extra[key] = keras.metrics.Mean(name=key)
-          trackers[key].update_state(value, sample_weight=counted)
-      return {key: trackers[key].result() for key in metrics}
+        keys = list(metrics)
+        results = self._updater([trackers[key] for key in keys])(
+            tf.constant([metrics[key] for key in keys], tf.float32),
+            tf.constant(counted, tf.float32))
+      return dict(zip(keys, results))
     return train_function
 
 
