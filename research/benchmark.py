@@ -185,7 +185,7 @@ def _flag_args(**override):
   names = ("model", "preset", "num_modules", "placement", "batch_size",
            "steps", "steps_per_loop", "width", "layers_per_module",
            "image_size", "channels", "resnet_aux_head", "num_cores",
-           "thread_efficiency", "fit")
+           "thread_efficiency", "fit", "costs")
   values = {name: flags.FLAGS[name].value for name in names}
   values["num_cores"] = _CORES.value or threading_plan.host_cores()
   values.update(override)

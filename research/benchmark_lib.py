@@ -228,28 +228,56 @@ def run_plain_keras(spec, jit_compile="auto"):
   return seconds / spec.config.steps_per_loop
 
 
+class _EpochTimes(keras.callbacks.Callback):
+  """Seconds from each epoch's begin to its end (Keras's callbacks)."""
+
+  def __init__(self):
+    super().__init__()
+    self.seconds = []
+    self._start = None
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._start = time.perf_counter()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.seconds.append(time.perf_counter() - self._start)
+
+
 def run_fit(spec, name, placement):
-  """`InterlockModel.fit` on the same modules and batch as `run_strategy`:
-  median seconds per step over 3 calls of `steps` x `steps_per_loop` steps
-  (one warm-up call traces it)."""
+  """`InterlockModel.fit` on the same modules and batch as `run_strategy`.
+
+  Two medians, seconds per step, each over `spec.steps` samples after one
+  warm-up fit call that traces the train function:
+    call:  whole `fit(steps_per_epoch=steps_per_loop)` calls, i.e. one
+           train_loop call each plus everything `fit` adds per call (the
+           epoch iterator and its tf.data iterator made and destroyed,
+           callbacks, metric trackers, logs);
+    epoch: the epochs 2.. of one `fit(epochs=steps + 1)` call of
+           steps_per_loop steps each, begin to end of epoch (one train_loop
+           call, the trackers' reset and update, the logs): fit's steady
+           state.
+
+  Returns:
+    {"call": seconds per step, "epoch": seconds per step}.
+  """
   from tf_interlock import keras_model  # pylint: disable=g-import-not-at-top
   strategy, microbatches = parse_cell(name)
   model = keras_model.InterlockModel(build_modules(spec), strategy,
                                      placement=placement,
                                      num_microbatches=microbatches)
+  per_call = spec.config.steps_per_loop
   model.compile(
       optimizer=lambda k: optimization.make_optimizer(spec.config, None),
-      steps_per_execution=spec.config.steps_per_loop)
+      steps_per_execution=per_call)
   x, y = make_batch(spec)
   dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-  model.fit(dataset, steps_per_epoch=spec.config.steps_per_loop, verbose=0)
-  per_call = spec.steps * spec.config.steps_per_loop
-  times = []
-  for _ in range(3):
-    start = time.perf_counter()
-    model.fit(dataset, steps_per_epoch=per_call, verbose=0)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times)) / per_call
+  fit_call = lambda: model.fit(dataset, steps_per_epoch=per_call, verbose=0)  # noqa
+  calls = time_call_stats(fit_call, spec.steps)["median"]
+  epochs = _EpochTimes()
+  model.fit(dataset, steps_per_epoch=per_call, epochs=spec.steps + 1,
+            verbose=0, callbacks=[epochs])
+  return {"call": calls / per_call,
+          "epoch": float(np.median(epochs.seconds[1:])) / per_call}
 
 
 def predict(costs, name, num_cores, threads=1, module_devices=None,
@@ -332,8 +360,10 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                   "examples_per_s": spec.config.batch_size / step}
     if fit:
       fit_step = run_fit(spec, name, placement)
-      rows[name].update(fit_step_s=fit_step,
-                        fit_over_train_loop=fit_step / step)
+      rows[name].update(fit_step_s=fit_step["call"],
+                        fit_over_train_loop=fit_step["call"] / step,
+                        fit_epoch_step_s=fit_step["epoch"],
+                        fit_epoch_over_train_loop=fit_step["epoch"] / step)
   return rows, measured_costs
 
 
@@ -424,9 +454,12 @@ def _row_line(name, plan, row):
     value = row.get(key)
     return "-" if value is None else f"{value:.2f}x"
 
-  fit = row.get("fit_step_s")
+  def fit_ms(key):
+    value = row.get(key)
+    return "-" if value is None else f"{1e3 * value:.1f}"
+
   return (f"{name:9s} {plan:36s} {1e3 * row['measured_step_s']:8.1f} "
-          f"{'-' if fit is None else f'{1e3 * fit:.1f}':>7s} "
+          f"{fit_ms('fit_step_s'):>8s} {fit_ms('fit_epoch_step_s'):>8s} "
           f"{1e3 * row['predicted_step_s']:8.1f} "
           f"{row['model_over_measured']:10.2f} "
           f"{ratio('speedup_vs_plain_keras'):>8s} "
@@ -445,7 +478,8 @@ def format_table(report):
         f"process): {1e3 * plain:.1f} ms/step; tf_interlock e2e without aux "
         f"heads there: {1e3 * report['e2e_single_step_s']:.1f} ms/step "
         f"({report['e2e_overhead_vs_keras']:.2f}x)")
-  header = (f"{'strategy':9s} {'plan':36s} {'step ms':>8s} {'fit ms':>7s} "
+  header = (f"{'strategy':9s} {'plan':36s} {'step ms':>8s} "
+            f"{'fit call':>8s} {'fit ep':>8s} "
             f"{'model ms':>8s} {'model/meas':>10s} {'vs Keras':>8s} "
             f"{'vs e2e':>7s} {'model':>7s} {'vs pipe':>7s} {'model':>7s}")
   lines += ["", "Each strategy on its chosen plan (vs e2e: e2e on that plan; "
@@ -457,4 +491,9 @@ def format_table(report):
     lines += ["", f"Every strategy run on {run['plan']}:", header]
     for name, row in run["strategies"].items():
       lines.append(_row_line(name, run["plan"], row))
+  lines += ["", "step ms: InterlockTrainer.train_loop, median per step of "
+            "calls of steps_per_loop steps. fit call: InterlockModel.fit "
+            "calls of steps_per_loop steps (everything fit adds per call), "
+            "median per step. fit ep: fit's epochs 2.. of steps_per_loop "
+            "steps within one call (steady state), median per step."]
   return "\n".join(lines)

@@ -66,6 +66,11 @@ _CALLS = flags.DEFINE_integer(
 _CELL = flags.DEFINE_string(
     "cell", None, "Internal: time one strategy (or 'keras') in this process "
     "at --steps_per_loop (one value) and print its JSON.")
+_GRAPPLER = flags.DEFINE_list(
+    "grappler", [], "Graph optimiser options for every cell's process, as "
+    "name=true|false pairs for tf.config.optimizer.set_experimental_options "
+    "(e.g. disable_meta_optimizer=true, or constant_folding=false); empty: "
+    "TF's defaults.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the report as JSON to this path.")
 
@@ -96,6 +101,19 @@ def validate():
     if _BATCH.value % microbatches:
       config_lib.fail("strategies", name, f"{microbatches} microbatches "
                       f"must divide --batch_size={_BATCH.value}")
+  grappler_options()
+
+
+def grappler_options():
+  """--grappler as {option: bool}; refuses a malformed pair in one line."""
+  options = {}
+  for pair in _GRAPPLER.value:
+    name, _, value = pair.partition("=")
+    if not name or value not in ("true", "false"):
+      config_lib.fail("grappler", ",".join(_GRAPPLER.value),
+                      "must be comma-separated name=true|false pairs")
+    options[name] = value == "true"
+  return options
 
 
 def spec(steps_per_loop):
@@ -163,6 +181,9 @@ def time_keras(s):
 
 
 def run_cell(name, steps_per_loop):
+  options = grappler_options()
+  if options:
+    tf.config.optimizer.set_experimental_options(options)
   s = spec(steps_per_loop)
   row = time_keras(s) if name == KERAS else time_strategy(s, name)
   row.update(strategy=name, steps_per_loop=steps_per_loop,
@@ -174,6 +195,7 @@ def _child(name, steps_per_loop):
   """`run_cell` in a fresh process: its row."""
   names = ("model", "preset", "num_modules", "batch_size", "width", "calls")
   args = [f"--{n}={flags.FLAGS[n].value}" for n in names]
+  args.append(f"--grappler={','.join(_GRAPPLER.value)}")
   return benchmark_lib.run_child(
       [*args, f"--cell={name}", f"--steps_per_loop={steps_per_loop}"],
       module="research.tracing_time")
@@ -187,13 +209,15 @@ def report():
       rows.append(_child(name, steps_per_loop))
   return {"model": _MODEL.value, "preset": _PRESET.value,
           "num_modules": _NUM_MODULES.value, "batch_size": _BATCH.value,
+          "grappler": grappler_options(),
           "load_average": list(os.getloadavg()), "rows": rows}
 
 
 def format_table(result):
   """The report as a fixed-width table, seconds per call."""
   lines = [f"model={result['model']} K={result['num_modules']} "
-           f"batch={result['batch_size']} load average="
+           f"batch={result['batch_size']} grappler="
+           f"{result.get('grappler') or 'default'} load average="
            f"{'/'.join(f'{v:.1f}' for v in result['load_average'])}",
            f"{'strategy':10} {'steps':>5} {'trace_s':>8} {'first_s':>8} "
            f"{'steady_s':>8} {'over_s':>8} {'trace_cpu':>9} "

@@ -319,8 +319,14 @@ class InterlockModel(keras.Model):
             validation_data, sample_weight=sample_weight,
             input_shape=(self._build_shapes_dict["input_shape"]
                          if self.built else None)))
-    features, _ = next(iter(dataset))
-    self._ensure_built(features)
+    if self.built and self._slots_built:
+      # Built: only the input dtype is needed, and a batch read here would
+      # cost an iterator per call.
+      self._input_dtype = tf.nest.flatten(
+          dataset.element_spec[0])[0].dtype.name
+    else:
+      features, _ = next(iter(dataset))
+      self._ensure_built(features)
     self._fit_logs.steps_per_epoch = steps
     kwargs.setdefault("validation_batch_size", batch_size)
     return super().fit(dataset, epochs=epochs, verbose=verbose,
