@@ -18,6 +18,7 @@ import time
 import keras
 import tensorflow as tf
 
+from tf_interlock import checkpoint_match
 from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from tf_interlock import losses
@@ -48,20 +49,62 @@ RESUME_FIELDS = ("batch_size",)
 TrainingError = actions_lib.TrainingError
 
 
-def _restore(checkpoint, path):
-  """Restores `path`, turning a corrupt or foreign checkpoint into one line.
+def check_checkpoint(path, modules):
+  """Raises unless checkpoint `path` is readable and holds exactly `modules`.
+
+  Every variable of every module must have a value of the same shape in the
+  checkpoint, and the checkpoint must hold no module variable the model
+  lacks (a K = 4 checkpoint would otherwise fill a K = 2 model in part).
+  A checkpoint is called corrupt only when TF says its bytes are damaged.
+
+  Args:
+    path: the checkpoint prefix (".../ckpt-N").
+    modules: the built modules about to be restored.
+
+  Raises:
+    TrainingError: one line naming `path`; nothing was written.
+  """
+  try:
+    saved = checkpoint_match.variable_shapes(
+        checkpoint_match.reader(path))
+  except (tf.errors.OpError, ValueError) as e:
+    raise restore_error(path, e) from None
+  model = checkpoint_match.model_shapes({
+      f"module_{k + 1}": m for k, m in enumerate(modules)})
+  differs = checkpoint_match.difference(saved, model)
+  if differs:
+    raise TrainingError(
+        f"cannot restore checkpoint {path}: it is from another model "
+        f"({differs}); nothing was changed: resume with the flags that "
+        "trained it or use a new model_dir")
+
+
+def restore_error(path, e):
+  """The one line of a failed restore: corrupt only for damaged bytes."""
+  first = error_boundary.first_line(getattr(e, "message", e))[:200]
+  if isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError)):
+    advice = ("it is corrupt. Nothing was changed; move it away to resume "
+              "from an older one")
+  elif isinstance(e, tf.errors.OpError):
+    advice = ("it could not be read; nothing was changed: check the folder "
+              "(permissions, disk, mount) and rerun")
+  else:
+    advice = "it does not match this model; nothing was changed"
+  return TrainingError(f"cannot restore checkpoint {path} "
+                       f"({type(e).__name__}: {first}); {advice}")
+
+
+def _restore(checkpoint, path, modules):
+  """Restores `path` after `check_checkpoint`, or raises one line.
 
   Nothing is written before this, so a bad checkpoint is left as it is.
   """
+  check_checkpoint(path, modules)
   try:
     checkpoint.restore(path).assert_existing_objects_matched()
   except (tf.errors.OpError, AssertionError, ValueError, IndexError,
           KeyError) as e:
-    first = error_boundary.first_line(getattr(e, "message", e))[:200]
-    raise TrainingError(
-        f"cannot restore checkpoint {path} ({type(e).__name__}: {first}); "
-        "it is corrupt or from another model. Nothing was changed; move it "
-        "away to resume from an older one") from None
+    raise restore_error(path, e) from None
 
 
 def _apply_hyperparameters(trainer, config):
@@ -195,7 +238,7 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   # The same objects without the data position: on_nan=skip restores this.
   model_checkpoint = trainer.checkpoint(global_step=global_step)
   if latest:
-    _restore(checkpoint, latest)
+    _restore(checkpoint, latest, trainer.modules)
     _apply_hyperparameters(trainer, config)
     run.repair_pointer(latest)  # a no-op unless --resume_from was needed
     print(f"resumed from {latest} at step {int(global_step)}", file=out,
