@@ -20,7 +20,6 @@ from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from train import config as config_lib
 from train import datasets
-from train import error_boundary
 from train import networks
 from train import runtime_setup
 from train import train_lib
@@ -179,6 +178,7 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     raise ValueError("--saved_model or --model_dir is required. Received: "
                      "saved_model=None")
   else:
+    paths.check_literal(paths.normalize(saved_model), "--saved_model")
     marker_path = paths.join(saved_model, export_dir_lib.MARKER)
     if paths.special_kind(marker_path) is not None:
       raise ValueError(f"{marker_path} is {paths.special_kind(marker_path)},"

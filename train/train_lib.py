@@ -209,9 +209,39 @@ def record_config(run, config, step):
     history.append({"step": step, "time": time.time(), "changed": changed})
   run.write_config(json.dumps(dict(current, history=history), indent=2,
                               sort_keys=True))
+  return changed
 
 
-def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
+def describe_changes(changed):
+  """"; changed since the last start: a 1 -> 2, ..." or "" (for the
+  resumed line: a resume never changes the run's flags silently)."""
+  if not changed:
+    return ""
+  return "; changed since the last start: " + ", ".join(
+      f"{name} {before!r} -> {after!r}"
+      for name, (before, after) in sorted(changed.items()))
+
+
+def landing_note(config, start_step):
+  """A note when checkpoints cannot land on multiples of
+  checkpoint_every_steps (a save happens only at the end of a loop), or
+  None. Names the first steps they land on."""
+  every, per_loop = config.checkpoint_every_steps, config.steps_per_loop
+  if every % per_loop == 0:
+    return None
+  landed, step = [], start_step
+  while len(landed) < 3 and step < start_step + 1000 * every:
+    step += per_loop
+    if step % every < per_loop:  # a multiple of `every` in this loop
+      landed.append(step)
+  return (f"note: checkpoints are saved at the end of a loop, so with "
+          f"--steps_per_loop={per_loop} and --checkpoint_every_steps="
+          f"{every} they land at steps {', '.join(map(str, landed))}, ... "
+          f"(the loop after each multiple of {every}); a multiple of "
+          f"{per_loop} gives exact steps")
+
+
+def train(config, built, run, latest, export_dir, lock, out=None,
           extra_actions=()):
   """Trains (or resumes) a checked, locked run; returns its summary.
 
@@ -222,13 +252,14 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
     latest: the checkpoint to resume from, or None.
     export_dir: where the SavedModel goes.
     lock: the held `RunLock` (renewed while training).
-    out: where progress lines go.
+    out: where progress lines go (default: sys.stdout when called).
     extra_actions: further controller actions, run before the preemption
       check (e.g. a test's).
 
   Returns:
     {"step": int, "eval": {head: metrics}, "export_dir": str}.
   """
+  out = out or sys.stdout
   trainer, task, steps = built
   global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                             name="global_step")
@@ -240,12 +271,23 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   if latest:
     _restore(checkpoint, latest, trainer.modules)
     _apply_hyperparameters(trainer, config)
-    run.repair_pointer(latest)  # a no-op unless --resume_from was needed
-    print(f"resumed from {latest} at step {int(global_step)}", file=out,
+  # Ours to delete: under the lock, only a save killed midway leaves these.
+  removed = run.remove_unfinished_checkpoints()
+  if removed:
+    print(f"note: removed {', '.join(removed)} in {run.checkpoint_dir}, "
+          "left by a checkpoint save that was interrupted", file=sys.stderr,
           flush=True)
+  if latest:
+    run.repair_pointer(latest)  # a no-op unless --resume_from was needed
   manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir,
                                        max_to_keep=config.keep_checkpoints)
-  record_config(run, config, int(global_step))
+  changed = record_config(run, config, int(global_step))
+  if latest:
+    print(f"resumed from {latest} at step {int(global_step)}"
+          f"{describe_changes(changed)}", file=out, flush=True)
+  note = landing_note(config, int(global_step))
+  if note:
+    print(note, file=sys.stderr, flush=True)
   run_id = run.run_id(create=True)
 
   def rollback(path):
@@ -256,7 +298,7 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   eval_writer = tf.summary.create_file_writer(run.eval_log_dir)
   checkpointing = actions_lib.Checkpointing(
       manager, config.checkpoint_every_steps,
-      saved_step=int(global_step) if latest else None)
+      saved_step=int(global_step) if latest else None, lock=lock)
   evaluation_action = actions_lib.Evaluation(
       lambda: evaluate(trainer, task, config), eval_writer,
       config.eval_every_steps)
@@ -266,13 +308,14 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
              if steps and hasattr(out, "isatty") and out.isatty() else None)
   preemption = actions_lib.Preemption(checkpointing)
   loop_actions = [
+      actions_lib.LockHeartbeat(lock),  # first: nothing written if lost
       actions_lib.StepVariable(global_step),
       actions_lib.Progress(out, config.batch_size, progbar),
       actions_lib.Summaries(tf.summary.create_file_writer(run.train_log_dir),
                             config.batch_size,
                             lambda: _learning_rates(trainer)),
-      checkpointing, evaluation_action, actions_lib.LockHeartbeat(lock),
-      *([actions_lib.TimeBudget(config.time_budget_s)]
+      checkpointing, evaluation_action,
+      *([actions_lib.TimeBudget(config.time_budget_s, out)]
         if config.time_budget_s else []),
       *extra_actions, preemption]
   try:
@@ -283,12 +326,14 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
         guard=actions_lib.NanPolicy(config.on_nan, manager, rollback,
                                     out)).run()
   except (tf.errors.OpError, OSError) as e:
+    actions_lib.verify_lock(lock)  # a moved folder fails many a write
     failure = _save_failure(run, manager, e)
     if failure is None:
       raise
     raise failure from None
   finally:
     preemption.restore()
+  actions_lib.verify_lock(lock)  # the export replaces model_dir/export
   export_lib.export_saved_model(
       trainer.modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                      task.input_dtype),
@@ -362,7 +407,7 @@ def _raise_cluster_failure(config, error):
   raise TrainingError(line) from None
 
 
-def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
+def run(config, out=None, break_lock=False, extra_actions=()):
   """Validates, checks and locks model_dir, then trains; the binary's entry.
 
   Args:
@@ -401,6 +446,7 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
       _raise_cluster_failure(config, e)
   finally:
     lock.release()
-    if created and not tf.io.gfile.listdir(run_dir.path):
+    if created and run_dir.exists() and not tf.io.gfile.listdir(
+        run_dir.path):
       tf.io.gfile.rmtree(run_dir.path)  # made here for the lock only
     multi_worker.remove_own_dir(config)
