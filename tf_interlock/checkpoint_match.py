@@ -6,12 +6,12 @@ a K = 2 model fills modules 1 and 2 and leaves the rest unread, and
 `assert_existing_objects_matched` passes (every object of the model found a
 value). So before restoring, `difference` compares the variables under the
 modules' names on both sides (path within the model and shape) and says in
-one line what differs. The model's side is read from a checkpoint of it
-written to ram:// (the same object-graph walk on both sides), then deleted.
+one line what differs. Both sides are walked breadth first by the names TF's
+checkpoints use: the checkpoint's object graph, and the live objects through
+`tf.train.TrackableView`.
 """
 
-import uuid
-
+import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
@@ -58,13 +58,23 @@ def variable_shapes(reader, prefix="module_"):
 
 
 def model_shapes(objects):
-  """`variable_shapes` of a checkpoint of `objects` ({name: trackable})."""
-  path = f"ram://checkpoint_match_{uuid.uuid4().hex}/model"
-  try:
-    written = tf.train.Checkpoint(**objects).write(path)
-    return variable_shapes(reader(written))
-  finally:
-    tf.io.gfile.rmtree(path.rsplit("/", 1)[0])
+  """`variable_shapes` of what a checkpoint of `objects` ({name:
+  trackable}) would hold, by the same walk over the live objects (nothing
+  is written, so remote variables of a cluster stay where they are)."""
+  root = tf.train.Checkpoint(**objects)
+  view = tf.train.TrackableView(root)
+  found = {}
+  for name, top in view.children(root).items():
+    queue, seen = [(top, name)], {id(top)}
+    while queue:
+      obj, path = queue.pop(0)
+      if isinstance(obj, (tf.Variable, keras.Variable)):
+        found[path] = tuple(obj.shape)
+      for child_name, child in view.children(obj).items():
+        if id(child) not in seen:
+          seen.add(id(child))
+          queue.append((child, f"{path}/{child_name}"))
+  return found
 
 
 def _modules(shapes):

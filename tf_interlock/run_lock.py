@@ -156,7 +156,10 @@ class RunLock:
     folder = paths.parent(self.path)
     if paths.is_url(folder):
       return
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+      fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+      return  # writing lock.json will say so
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -67,7 +67,7 @@ def check_checkpoint(path, modules):
   try:
     saved = checkpoint_match.variable_shapes(
         checkpoint_match.reader(path))
-  except (tf.errors.OpError, ValueError) as e:
+  except (tf.errors.OpError, ValueError, IndexError) as e:
     raise restore_error(path, e) from None
   model = checkpoint_match.model_shapes({
       f"module_{k + 1}": m for k, m in enumerate(modules)})
@@ -80,9 +80,11 @@ def check_checkpoint(path, modules):
 
 
 def restore_error(path, e):
-  """The one line of a failed restore: corrupt only for damaged bytes."""
+  """The one line of a failed restore: corrupt only for damaged bytes
+  (TF's checkpoint reader raises IndexError for a truncated file)."""
   first = error_boundary.first_line(getattr(e, "message", e))[:200]
-  if isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError)):
+  if isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                    IndexError)):
     advice = ("it is corrupt. Nothing was changed; move it away to resume "
               "from an older one")
   elif isinstance(e, tf.errors.OpError):
@@ -259,7 +261,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
   Returns:
     {"step": int, "eval": {head: metrics}, "export_dir": str}.
   """
-  out = out or sys.stdout
+  out = sys.stdout if out is None else out
   trainer, task, steps = built
   global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                             name="global_step")
