@@ -229,18 +229,21 @@ def landing_note(config, start_step):
   checkpoint_every_steps (a save happens only at the end of a loop), or
   None. Names the first steps they land on."""
   every, per_loop = config.checkpoint_every_steps, config.steps_per_loop
-  if every % per_loop == 0:
-    return None
   landed, step = [], start_step
-  while len(landed) < 3 and step < start_step + 1000 * every:
+  while len(landed) < 3:  # a loop ends on a multiple at least every `every`
     step += per_loop
     if step % every < per_loop:  # a multiple of `every` in this loop
       landed.append(step)
+  if all(n % every == 0 for n in landed):
+    return None
+  why = (f"a --checkpoint_every_steps that is a multiple of {per_loop} "
+         "gives exact steps" if every % per_loop else
+         f"the loops start at step {start_step}, off that grid")
   return (f"note: checkpoints are saved at the end of a loop, so with "
           f"--steps_per_loop={per_loop} and --checkpoint_every_steps="
           f"{every} they land at steps {', '.join(map(str, landed))}, ... "
-          f"(the loop after each multiple of {every}); a multiple of "
-          f"{per_loop} gives exact steps")
+          f"(the end of the loop that passes each multiple of {every}); "
+          f"{why}")
 
 
 def train(config, built, run, latest, export_dir, lock, out=None,
