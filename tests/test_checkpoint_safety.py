@@ -6,6 +6,7 @@ saves and exports, a second writer after lock.json was deleted, a run folder
 moved mid-run, and the lines that say why a run changed or stopped.
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -326,3 +327,17 @@ def test_checkpoints_off_the_loop_grid_are_announced(tmp_path, capfd):
   notes = [l for l in err.splitlines() if l.startswith("note: checkpoints")]
   assert len(notes) == 1 and "land at steps 14, 21, 35" in notes[0]
   assert _checkpoints(model_dir) == ["ckpt-14.index", "ckpt-21.index"]
+
+
+def test_the_note_names_where_checkpoints_land():
+  base = config_lib.load_preset("synthetic_mlp")
+
+  def note(per_loop, every, start):
+    return train_lib.landing_note(dataclasses.replace(
+        base, steps_per_loop=per_loop, checkpoint_every_steps=every), start)
+
+  assert note(10, 10, 0) is None and note(10, 20, 0) is None
+  assert note(10, 5, 0) is None  # every loop ends on a multiple of 5
+  assert "land at steps 14, 21, 35," in note(7, 10, 0)
+  resumed = note(10, 10, 14)  # resumed off the loop grid
+  assert "land at steps 24, 34, 44," in resumed and "step 14" in resumed
