@@ -183,6 +183,9 @@ def test_step_variable_and_lock_heartbeat():
     def refresh(self):
       Lock.refreshed += 1
 
+    def check_folder(self):
+      pass
+
   beat = actions.LockHeartbeat(Lock(), every_s=60)
   for elapsed in (10, 59, 61, 100, 125):
     beat.after_loop(_loop(5, elapsed_s=elapsed))

@@ -193,6 +193,7 @@ def test_corrupt_checkpoint_is_reported_and_kept(trained, tmp_path):
                     "--train_steps=20", check=False)
   assert proc.returncode != 0
   assert "cannot restore checkpoint" in proc.stderr and "ckpt-10" in proc.stderr
+  assert "it is corrupt" in proc.stderr and "Traceback" not in proc.stderr
   assert {f: os.path.getsize(os.path.join(ckpt_dir, f))
           for f in os.listdir(ckpt_dir)} == snapshot
 

@@ -157,7 +157,7 @@ def remove_stale(export_dir, owner):
   for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
     if tf.io.gfile.isdir(path) and (
         not tf.io.gfile.listdir(path) or _owned(path, owner)):
-      tf.io.gfile.rmtree(path)
+      remove_marked(path)
 
 
 def _replace_dir(new_dir, export_dir, old_dir):
@@ -193,7 +193,22 @@ def _replace_dir(new_dir, export_dir, old_dir):
         f"export_dir={export_dir} changed during the export: it now holds "
         f"entries the earlier export did not write ({', '.join(late[:3])}); "
         f"nothing was replaced. Received: export_dir={export_dir!r}")
-  tf.io.gfile.rmtree(old_dir)
+  remove_marked(old_dir)
+
+
+def remove_marked(directory):
+  """Deletes an export directory, its marker last: a deletion killed midway
+  leaves the marker, by which `remove_stale` knows the rest as ours."""
+  for entry in tf.io.gfile.listdir(directory):
+    entry = entry.rstrip("/")
+    if entry != MARKER:
+      path = paths.join(directory, entry)
+      (tf.io.gfile.rmtree if tf.io.gfile.isdir(path)
+       else tf.io.gfile.remove)(path)
+  marker = paths.join(directory, MARKER)
+  if tf.io.gfile.exists(marker):
+    tf.io.gfile.remove(marker)
+  tf.io.gfile.rmtree(directory)
 
 
 def write_owned(export_dir, write, *, owner=None, metadata=None):

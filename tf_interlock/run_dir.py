@@ -47,6 +47,7 @@ class RunDir:
   def __init__(self, path, name="--model_dir"):
     self.path = paths.normalize(path)
     self.name = name
+    paths.check_literal(self.path, name)
     self._received = f"Received: {name.lstrip('-')}={self.path!r}"
 
   def file(self, *parts):
@@ -224,6 +225,7 @@ class RunDir:
       The normalized export path.
     """
     target = paths.normalize(export_dir or self.default_export_dir)
+    paths.check_literal(target, name)
     received = f"Received: {name.lstrip('-')}={target!r}"
     if paths.is_within(self.path, target):
       raise ValueError(f"{name}={target} is model_dir or a folder above "

@@ -9,9 +9,19 @@ A lock is stale, and taken over with a warning, when its holder is a dead
 process on this host, or its heartbeat is older than `stale_after_s` (a
 holder on another host cannot be probed). Otherwise the second run is
 refused, naming the holder, unless told to break the lock.
+
+On a local folder the holder also keeps the run directory itself open with
+an exclusive `fcntl.flock`, which the kernel drops when the process dies:
+a second writer is refused while the holder lives even if lock.json was
+deleted, and no flag breaks it. gs:// and ram:// have no such lock; there
+lock.json alone decides. Either way `verify` (before each checkpoint save)
+stops a holder whose lock.json no longer carries its token, or whose folder
+was moved or replaced.
 """
 
 import datetime
+import errno
+import fcntl
 import json
 import math
 import os
@@ -25,6 +35,10 @@ import tensorflow as tf
 from tf_interlock import paths
 
 STALE_AFTER_S = 3600.0
+
+
+class LockLost(RuntimeError):
+  """The holder's lock was taken, deleted, or its folder moved away."""
 
 
 def _alive(pid):
@@ -82,6 +96,8 @@ class RunLock:
     self.stale_after_s = stale_after_s
     self.out = out
     self.held = False
+    self._fd = None  # the run directory, flock-ed (local folders only)
+    self._identity = None  # its os.fstat when locked
     now = time.time()
     self.info = {"host": socket.gethostname(), "pid": os.getpid(),
                  "started": now, "updated": now, "token": uuid.uuid4().hex}
@@ -127,6 +143,47 @@ class RunLock:
       break_lock: take over a lock that looks alive (the user says its run
         is dead).
     """
+    self._lock_folder()
+    try:
+      self._acquire(break_lock)
+    except BaseException:
+      self._unlock_folder()
+      raise
+
+  def _lock_folder(self):
+    """Takes the flock of the run directory (local folders), or raises
+    ValueError: its holder is certainly alive."""
+    folder = paths.parent(self.path)
+    if paths.is_url(folder):
+      return
+    try:
+      fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+      return  # writing lock.json will say so
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      os.close(fd)
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        return  # a file system without flock (some NFS): lock.json only
+      holder = self._read() or {}
+      who = (f"pid {str(holder.get('pid'))[:40]} on host "
+             f"{str(holder.get('host'))[:80]}" if holder.get("pid") else
+             "a live process (its lock.json is gone)")
+      raise ValueError(
+          f"the run directory {folder} is in use by {who}: it holds the "
+          f"folder's OS lock, which ends only with that process; stop it "
+          f"first ({self.break_flag} cannot take a live lock). Received: "
+          f"lock={self.path!r}") from None
+    self._fd = fd
+    self._identity = os.fstat(fd)
+
+  def _unlock_folder(self):
+    if self._fd is not None:
+      os.close(self._fd)  # drops the flock
+      self._fd = None
+
+  def _acquire(self, break_lock):
     holder = self._read()
     if holder is not None:
       reason = ("the lock was broken on request" if break_lock else
@@ -159,20 +216,63 @@ class RunLock:
             f"wait for it, or if that run is dead pass "
             f"{self.break_flag}=true. Received: lock={self.path!r}")
 
+  def verify(self):
+    """Raises `LockLost` unless this process still owns the run directory.
+
+    Lost: the folder at the lock's path is not the one locked (moved or
+    replaced), or lock.json is gone or carries another run's token (someone
+    deleted it, or broke it and started another run).
+    """
+    if not self.held:
+      return
+    self.check_folder()
+    folder = paths.parent(self.path)
+    current = self._read()
+    if not current or current.get("token") != self.info["token"]:
+      whose = (f"now names pid {str(current.get('pid'))[:40]} on host "
+               f"{str(current.get('host'))[:80]}" if current else
+               "is gone" if current is None else "is unreadable")
+      raise LockLost(
+          f"this run lost the lock of {folder}: {self.path} {whose}; "
+          f"stopped without writing again, so as not to overwrite another "
+          f"run's checkpoints. Received: lock={self.path!r}")
+
+  def check_folder(self):
+    """Raises `LockLost` if the locked local folder is no longer at its
+    path (moved, or replaced by another); a no-op on gs:// and ram://."""
+    if not self.held or self._fd is None:
+      return
+    folder = paths.parent(self.path)
+    try:
+      now = os.stat(folder)
+    except FileNotFoundError:
+      now = None
+    if now is None or (now.st_dev, now.st_ino) != (
+        self._identity.st_dev, self._identity.st_ino):
+      raise LockLost(
+          f"the run directory {folder} was moved or replaced during the "
+          f"run; stopped without writing to it again: rerun from where the "
+          f"folder is now to resume. Received: model_dir={folder!r}")
+
   def refresh(self):
-    """Renews the heartbeat (call every few minutes while training)."""
+    """Renews the heartbeat (call every few minutes while training) after
+    `verify`: a lock taken by another run is never overwritten."""
     if self.held:
+      self.verify()
       self.info["updated"] = time.time()
       self._write(overwrite=True)
 
   def release(self):
-    """Deletes the lock if it is still ours."""
-    if not self.held:
-      return
-    self.held = False
-    current = self._read()
-    if current and current.get("token") == self.info["token"]:
-      tf.io.gfile.remove(self.path)
+    """Deletes the lock if it is still ours; drops the folder's flock."""
+    try:
+      if not self.held:
+        return
+      self.held = False
+      current = self._read()
+      if current and current.get("token") == self.info["token"]:
+        tf.io.gfile.remove(self.path)
+    finally:
+      self._unlock_folder()
 
   def __enter__(self):
     return self

@@ -13,10 +13,21 @@ import signal
 import tensorflow as tf
 
 from tf_interlock import metric_names
+from tf_interlock import run_lock
 
 
 class TrainingError(RuntimeError):
   """A run stopped on purpose (NaN, preemption); the message says why."""
+
+
+def verify_lock(lock):
+  """`lock.verify()`, a lost lock as the run's one-line `TrainingError`."""
+  if lock is None:
+    return
+  try:
+    lock.verify()
+  except run_lock.LockLost as e:
+    raise TrainingError(str(e)) from None
 
 
 class StepVariable:
@@ -96,15 +107,22 @@ def _due(loop, every):
 
 
 class Checkpointing:
-  """Saves every `every` steps and at the end (once per step)."""
+  """Saves every `every` steps and at the end (once per step).
 
-  def __init__(self, manager, every, saved_step=None):
+  With a `lock`, each save first checks that this run still owns model_dir
+  (`RunLock.verify`): a run whose lock was taken or whose folder moved stops
+  instead of writing checkpoints over another run's.
+  """
+
+  def __init__(self, manager, every, saved_step=None, lock=None):
     self.manager = manager
     self.every = every
     self.saved_step = saved_step
+    self.lock = lock
 
   def save(self, step):
     if self.saved_step != step:
+      verify_lock(self.lock)
       self.manager.save(checkpoint_number=step)
       self.saved_step = step
     return self.manager.latest_checkpoint
@@ -143,14 +161,23 @@ class Evaluation:
 
 
 class TimeBudget:
-  """Stops cleanly (final checkpoint, evaluation, export) after `budget_s`."""
+  """Stops cleanly (final checkpoint, evaluation, export) after `budget_s`,
+  saying in one line that the budget ended the run."""
 
-  def __init__(self, budget_s):
+  def __init__(self, budget_s, out=None):
     self.budget_s = budget_s
+    self.out = out
 
   def after_loop(self, loop):
     if loop.elapsed_s >= self.budget_s:
       loop.stop = True
+      if self.out is not None and (loop.total_steps is None or
+                                   loop.step < loop.total_steps):
+        of = f" of {loop.total_steps}" if loop.total_steps else ""
+        print(f"--time_budget_s={self.budget_s:g} ended the run at step "
+              f"{loop.step}{of} after {loop.elapsed_s:.1f} s; a final "
+              "checkpoint, evaluation and export follow; rerun with a "
+              "larger budget to go on", file=self.out, flush=True)
 
 
 class Preemption:
@@ -187,7 +214,11 @@ class Preemption:
 
 
 class LockHeartbeat:
-  """Renews the run lock every `every_s` seconds of training."""
+  """Checks every loop that model_dir is still the folder this run locked
+  (cheap: a local stat), and renews the run lock every `every_s` seconds of
+  training after checking it still carries this run's token. Goes first
+  among the actions, so a moved folder or a lost lock stops the run before
+  anything more is written."""
 
   def __init__(self, lock, every_s=300.0):
     self.lock = lock
@@ -195,9 +226,13 @@ class LockHeartbeat:
     self.last = 0.0
 
   def after_loop(self, loop):
-    if loop.elapsed_s - self.last >= self.every_s:
-      self.lock.refresh()
-      self.last = loop.elapsed_s
+    try:
+      self.lock.check_folder()
+      if loop.elapsed_s - self.last >= self.every_s:
+        self.lock.refresh()
+        self.last = loop.elapsed_s
+    except run_lock.LockLost as e:
+      raise TrainingError(str(e)) from None
 
 
 def first_nonfinite(metrics):

@@ -51,6 +51,9 @@ PRESETS = ("fashion_mnist_resnet", "fortunes_lm", "fortunes_lm_paper_shape",
            "synthetic_mlp")
 
 
+MAX_TRAIN_STEPS = 10**12
+
+
 def _field(default, help_text):
   """A `Config` field: its default and the one-line help of its flag.
 
@@ -383,9 +386,12 @@ def _check_numbers(config):
                "num_layers", "d_model", "num_heads", "mlp_dim", "mlp_width",
                "vocab_size"):
     check_positive(name, getattr(config, name), integer=True)
-  for name in ("train_steps", "eval_batches"):
-    check_positive(name, getattr(config, name), integer=True,
-                   allow_none=True)
+  check_positive("eval_batches", config.eval_batches, integer=True,
+                 allow_none=True)
+  # A step count must fit the int64 step variable, and one beyond any run's
+  # reach is a typo (about 30 years at 1000 steps/s).
+  check_number("train_steps", config.train_steps, minimum=1,
+               maximum=MAX_TRAIN_STEPS, integer=True, allow_none=True)
   for name in ("epochs", "time_budget_s"):
     check_positive(name, getattr(config, name), allow_none=True)
   check_positive("learning_rate", config.learning_rate)

@@ -20,7 +20,6 @@ from tf_interlock.run_dir import RunDir
 from tf_interlock.run_lock import RunLock
 from train import config as config_lib
 from train import datasets
-from train import error_boundary
 from train import networks
 from train import runtime_setup
 from train import train_lib
@@ -104,6 +103,10 @@ def restored_modules(config, task, checkpoint, model_dir):
   modules = networks.make_modules(config, task)
   # Builds every weight before restoring.
   exits_lib.build(modules, next(iter(task.eval.take(1)))[0])
+  try:
+    train_lib.check_checkpoint(checkpoint, modules)
+  except train_lib.TrainingError as e:
+    raise ValueError(f"{e}. Received: model_dir={model_dir!r}") from None
   restorable = tf.train.Checkpoint(**{
       f"module_{k + 1}": m for k, m in enumerate(modules)})
   try:
@@ -111,11 +114,8 @@ def restored_modules(config, task, checkpoint, model_dir):
     ).assert_existing_objects_matched()
   except (tf.errors.OpError, AssertionError, ValueError, IndexError,
           KeyError) as e:
-    first = error_boundary.first_line(getattr(e, "message", e))[:160]
-    raise ValueError(f"cannot restore checkpoint {checkpoint} "
-                     f"({type(e).__name__}: {first}); it is corrupt or from "
-                     f"another model. Received: model_dir={model_dir!r}"
-                     ) from None
+    raise ValueError(f"{train_lib.restore_error(checkpoint, e)}. Received: "
+                     f"model_dir={model_dir!r}") from None
   return modules
 
 
@@ -178,6 +178,7 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     raise ValueError("--saved_model or --model_dir is required. Received: "
                      "saved_model=None")
   else:
+    paths.check_literal(paths.normalize(saved_model), "--saved_model")
     marker_path = paths.join(saved_model, export_dir_lib.MARKER)
     if paths.special_kind(marker_path) is not None:
       raise ValueError(f"{marker_path} is {paths.special_kind(marker_path)},"

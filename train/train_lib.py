@@ -18,6 +18,7 @@ import time
 import keras
 import tensorflow as tf
 
+from tf_interlock import checkpoint_match
 from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from tf_interlock import losses
@@ -48,20 +49,64 @@ RESUME_FIELDS = ("batch_size",)
 TrainingError = actions_lib.TrainingError
 
 
-def _restore(checkpoint, path):
-  """Restores `path`, turning a corrupt or foreign checkpoint into one line.
+def check_checkpoint(path, modules):
+  """Raises unless checkpoint `path` is readable and holds exactly `modules`.
+
+  Every variable of every module must have a value of the same shape in the
+  checkpoint, and the checkpoint must hold no module variable the model
+  lacks (a K = 4 checkpoint would otherwise fill a K = 2 model in part).
+  A checkpoint is called corrupt only when TF says its bytes are damaged.
+
+  Args:
+    path: the checkpoint prefix (".../ckpt-N").
+    modules: the built modules about to be restored.
+
+  Raises:
+    TrainingError: one line naming `path`; nothing was written.
+  """
+  try:
+    saved = checkpoint_match.variable_shapes(
+        checkpoint_match.reader(path))
+  except (tf.errors.OpError, ValueError, IndexError) as e:
+    raise restore_error(path, e) from None
+  model = checkpoint_match.model_shapes({
+      f"module_{k + 1}": m for k, m in enumerate(modules)})
+  differs = checkpoint_match.difference(saved, model)
+  if differs:
+    raise TrainingError(
+        f"cannot restore checkpoint {path}: it is from another model "
+        f"({differs}); nothing was changed: resume with the flags that "
+        "trained it or use a new model_dir")
+
+
+def restore_error(path, e):
+  """The one line of a failed restore: corrupt only for damaged bytes
+  (TF's checkpoint reader raises IndexError for a truncated file)."""
+  first = error_boundary.first_line(getattr(e, "message", e))[:200]
+  if isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                    IndexError)):
+    advice = ("it is corrupt. Nothing was changed; move it away to resume "
+              "from an older one")
+  elif isinstance(e, tf.errors.OpError):
+    advice = ("it could not be read; nothing was changed: check the folder "
+              "(permissions, disk, mount) and rerun")
+  else:
+    advice = "it does not match this model; nothing was changed"
+  return TrainingError(f"cannot restore checkpoint {path} "
+                       f"({type(e).__name__}: {first}); {advice}")
+
+
+def _restore(checkpoint, path, modules):
+  """Restores `path` after `check_checkpoint`, or raises one line.
 
   Nothing is written before this, so a bad checkpoint is left as it is.
   """
+  check_checkpoint(path, modules)
   try:
     checkpoint.restore(path).assert_existing_objects_matched()
   except (tf.errors.OpError, AssertionError, ValueError, IndexError,
           KeyError) as e:
-    first = error_boundary.first_line(getattr(e, "message", e))[:200]
-    raise TrainingError(
-        f"cannot restore checkpoint {path} ({type(e).__name__}: {first}); "
-        "it is corrupt or from another model. Nothing was changed; move it "
-        "away to resume from an older one") from None
+    raise restore_error(path, e) from None
 
 
 def _apply_hyperparameters(trainer, config):
@@ -167,9 +212,42 @@ def record_config(run, config, step):
     history.append({"step": step, "time": time.time(), "changed": changed})
   run.write_config(json.dumps(dict(current, history=history), indent=2,
                               sort_keys=True))
+  return changed
 
 
-def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
+def describe_changes(changed):
+  """"; changed since the last start: a 1 -> 2, ..." or "" (for the
+  resumed line: a resume never changes the run's flags silently)."""
+  if not changed:
+    return ""
+  return "; changed since the last start: " + ", ".join(
+      f"{name} {before!r} -> {after!r}"
+      for name, (before, after) in sorted(changed.items()))
+
+
+def landing_note(config, start_step):
+  """A note when checkpoints cannot land on multiples of
+  checkpoint_every_steps (a save happens only at the end of a loop), or
+  None. Names the first steps they land on."""
+  every, per_loop = config.checkpoint_every_steps, config.steps_per_loop
+  landed, step = [], start_step
+  while len(landed) < 3:  # a loop ends on a multiple at least every `every`
+    step += per_loop
+    if step % every < per_loop:  # a multiple of `every` in this loop
+      landed.append(step)
+  if all(n % every == 0 for n in landed):
+    return None
+  why = (f"a --checkpoint_every_steps that is a multiple of {per_loop} "
+         "gives exact steps" if every % per_loop else
+         f"the loops start at step {start_step}, off that grid")
+  return (f"note: checkpoints are saved at the end of a loop, so with "
+          f"--steps_per_loop={per_loop} and --checkpoint_every_steps="
+          f"{every} they land at steps {', '.join(map(str, landed))}, ... "
+          f"(the end of the loop that passes each multiple of {every}); "
+          f"{why}")
+
+
+def train(config, built, run, latest, export_dir, lock, out=None,
           extra_actions=()):
   """Trains (or resumes) a checked, locked run; returns its summary.
 
@@ -180,13 +258,14 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
     latest: the checkpoint to resume from, or None.
     export_dir: where the SavedModel goes.
     lock: the held `RunLock` (renewed while training).
-    out: where progress lines go.
+    out: where progress lines go (default: sys.stdout when called).
     extra_actions: further controller actions, run before the preemption
       check (e.g. a test's).
 
   Returns:
     {"step": int, "eval": {head: metrics}, "export_dir": str}.
   """
+  out = sys.stdout if out is None else out
   trainer, task, steps = built
   global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                             name="global_step")
@@ -196,14 +275,25 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   # The same objects without the data position: on_nan=skip restores this.
   model_checkpoint = trainer.checkpoint(global_step=global_step)
   if latest:
-    _restore(checkpoint, latest)
+    _restore(checkpoint, latest, trainer.modules)
     _apply_hyperparameters(trainer, config)
-    run.repair_pointer(latest)  # a no-op unless --resume_from was needed
-    print(f"resumed from {latest} at step {int(global_step)}", file=out,
+  # Ours to delete: under the lock, only a save killed midway leaves these.
+  removed = run.remove_unfinished_checkpoints()
+  if removed:
+    print(f"note: removed {', '.join(removed)} in {run.checkpoint_dir}, "
+          "left by a checkpoint save that was interrupted", file=sys.stderr,
           flush=True)
+  if latest:
+    run.repair_pointer(latest)  # a no-op unless --resume_from was needed
   manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir,
                                        max_to_keep=config.keep_checkpoints)
-  record_config(run, config, int(global_step))
+  changed = record_config(run, config, int(global_step))
+  if latest:
+    print(f"resumed from {latest} at step {int(global_step)}"
+          f"{describe_changes(changed)}", file=out, flush=True)
+  note = landing_note(config, int(global_step))
+  if note:
+    print(note, file=sys.stderr, flush=True)
   run_id = run.run_id(create=True)
 
   def rollback(path):
@@ -214,7 +304,7 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
   eval_writer = tf.summary.create_file_writer(run.eval_log_dir)
   checkpointing = actions_lib.Checkpointing(
       manager, config.checkpoint_every_steps,
-      saved_step=int(global_step) if latest else None)
+      saved_step=int(global_step) if latest else None, lock=lock)
   evaluation_action = actions_lib.Evaluation(
       lambda: evaluate(trainer, task, config), eval_writer,
       config.eval_every_steps)
@@ -224,13 +314,14 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
              if steps and hasattr(out, "isatty") and out.isatty() else None)
   preemption = actions_lib.Preemption(checkpointing)
   loop_actions = [
+      actions_lib.LockHeartbeat(lock),  # first: nothing written if lost
       actions_lib.StepVariable(global_step),
       actions_lib.Progress(out, config.batch_size, progbar),
       actions_lib.Summaries(tf.summary.create_file_writer(run.train_log_dir),
                             config.batch_size,
                             lambda: _learning_rates(trainer)),
-      checkpointing, evaluation_action, actions_lib.LockHeartbeat(lock),
-      *([actions_lib.TimeBudget(config.time_budget_s)]
+      checkpointing, evaluation_action,
+      *([actions_lib.TimeBudget(config.time_budget_s, out)]
         if config.time_budget_s else []),
       *extra_actions, preemption]
   try:
@@ -241,12 +332,14 @@ def train(config, built, run, latest, export_dir, lock, out=sys.stdout,
         guard=actions_lib.NanPolicy(config.on_nan, manager, rollback,
                                     out)).run()
   except (tf.errors.OpError, OSError) as e:
+    actions_lib.verify_lock(lock)  # a moved folder fails many a write
     failure = _save_failure(run, manager, e)
     if failure is None:
       raise
     raise failure from None
   finally:
     preemption.restore()
+  actions_lib.verify_lock(lock)  # the export replaces model_dir/export
   export_lib.export_saved_model(
       trainer.modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                      task.input_dtype),
@@ -320,7 +413,7 @@ def _raise_cluster_failure(config, error):
   raise TrainingError(line) from None
 
 
-def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
+def run(config, out=None, break_lock=False, extra_actions=()):
   """Validates, checks and locks model_dir, then trains; the binary's entry.
 
   Args:
@@ -359,6 +452,7 @@ def run(config, out=sys.stdout, break_lock=False, extra_actions=()):
       _raise_cluster_failure(config, e)
   finally:
     lock.release()
-    if created and not tf.io.gfile.listdir(run_dir.path):
+    if created and run_dir.exists() and not tf.io.gfile.listdir(
+        run_dir.path):
       tf.io.gfile.rmtree(run_dir.path)  # made here for the lock only
     multi_worker.remove_own_dir(config)
