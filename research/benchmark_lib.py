@@ -389,8 +389,15 @@ def pipeline_peer(rows):
   if not cells:
     return None
   best = min(cells, key=lambda n: cells[n]["measured_step_s"])
+  predicted = [r["predicted_step_s"] for r in cells.values()]
   return (best, cells[best]["measured_step_s"],
-          min(r["predicted_step_s"] for r in cells.values()))
+          None if None in predicted else min(predicted))
+
+
+def _ratio(a, b):
+  """a / b, or None when either is unknown (no op costs were measured:
+  `--costs=false` leaves every prediction None)."""
+  return None if a is None or b is None else a / b
 
 
 def add_peer(rows):
@@ -402,7 +409,8 @@ def add_peer(rows):
   for row in rows.values():
     row["pipeline_peer"] = peer[0]
     row["measured_speedup_vs_pipeline"] = peer[1] / row["measured_step_s"]
-    row["predicted_speedup_vs_pipeline"] = peer[2] / row["predicted_step_s"]
+    row["predicted_speedup_vs_pipeline"] = _ratio(peer[2],
+                                                  row["predicted_step_s"])
 
 
 def add_speedups(rows, e2e_row, plain_step_s):
@@ -413,12 +421,12 @@ def add_speedups(rows, e2e_row, plain_step_s):
     if e2e_row is not None:
       row["measured_speedup"] = (e2e_row["measured_step_s"] /
                                  row["measured_step_s"])
-      row["predicted_speedup"] = (e2e_row["predicted_step_s"] /
-                                  row["predicted_step_s"])
+      row["predicted_speedup"] = _ratio(e2e_row["predicted_step_s"],
+                                        row["predicted_step_s"])
     if plain_step_s is not None:
       row["speedup_vs_plain_keras"] = plain_step_s / row["measured_step_s"]
-    row["model_over_measured"] = (row["predicted_step_s"] /
-                                  row["measured_step_s"])
+    row["model_over_measured"] = _ratio(row["predicted_step_s"],
+                                        row["measured_step_s"])
 
 
 def run_child(args, module="research.benchmark", report=True):
@@ -454,14 +462,16 @@ def _row_line(name, plan, row):
     value = row.get(key)
     return "-" if value is None else f"{value:.2f}x"
 
-  def fit_ms(key):
+  def ms(key):
     value = row.get(key)
     return "-" if value is None else f"{1e3 * value:.1f}"
 
+  model_over = ("-" if row.get("model_over_measured") is None
+                else f"{row['model_over_measured']:.2f}")
   return (f"{name:9s} {plan:36s} {1e3 * row['measured_step_s']:8.1f} "
-          f"{fit_ms('fit_step_s'):>8s} {fit_ms('fit_epoch_step_s'):>8s} "
-          f"{1e3 * row['predicted_step_s']:8.1f} "
-          f"{row['model_over_measured']:10.2f} "
+          f"{ms('fit_step_s'):>8s} {ms('fit_epoch_step_s'):>8s} "
+          f"{ms('predicted_step_s'):>8s} "
+          f"{model_over:>10s} "
           f"{ratio('speedup_vs_plain_keras'):>8s} "
           f"{ratio('measured_speedup'):>7s} {ratio('predicted_speedup'):>7s} "
           f"{ratio('measured_speedup_vs_pipeline'):>7s} "

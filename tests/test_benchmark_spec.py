@@ -106,3 +106,21 @@ def test_a_pipeline_cell_is_predicted_from_its_own_microbatch_profile():
   assert 0 < piped < float("inf")
   assert piped != whole_batch_prediction("e2e-m2")
   assert all(r["measured_step_s"] > 0 for r in rows.values())
+
+
+def test_without_op_costs_the_table_shows_dashes_for_the_model():
+  # --costs=false: no prediction anywhere, a pipeline cell among the rows.
+  rows = {"e2e": {"measured_step_s": 0.10, "predicted_step_s": None},
+          "e2e-m2": {"measured_step_s": 0.08, "predicted_step_s": None},
+          "2wise": {"measured_step_s": 0.05, "predicted_step_s": None}}
+  benchmark_lib.add_speedups(rows, rows["e2e"], plain_step_s=0.12)
+  assert rows["2wise"]["measured_speedup"] == 2.0
+  assert rows["2wise"]["measured_speedup_vs_pipeline"] == 0.08 / 0.05
+  assert rows["2wise"]["predicted_speedup"] is None
+  assert rows["2wise"]["predicted_speedup_vs_pipeline"] is None
+  assert rows["2wise"]["model_over_measured"] is None
+  table = benchmark_lib.format_table(
+      {"placement": "simulated", "strategies": rows})
+  line = next(l for l in table.splitlines() if l.startswith("2wise"))
+  assert line.split()[1:] == ["simulated", "50.0", "-", "-", "-", "-",
+                              "2.40x", "2.00x", "-", "1.60x", "-"]
