@@ -29,6 +29,10 @@ original and normalized active exception types: ORIGINAL NotFoundError
 REPLACED BY KeyboardInterrupt": `signal_in` reads the signal back out of
 it, so that it is still the signal's one line.
 
+A signal TF's C++ holds up for longer than a few seconds is the
+watchdog's (train/stop_watchdog.py): it prints the line and kills the
+process.
+
 `guard(hard_exit=True)` (train.worker) leaves with `os._exit` once the
 line is printed: the threads of TF's gRPC server can hold up a normal exit
 of the interpreter for good.
@@ -47,6 +51,7 @@ from absl import logging
 import tensorflow as tf
 
 from train import actions
+from train import stop_watchdog
 
 # A longer line is cut in its middle: TF's statuses can run to many kB, while
 # our own lines name up to four paths (a Bazel sandbox's run ~200 chars each)
@@ -164,6 +169,9 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
     @functools.wraps(main)
     def guarded(argv):
       previous = signal.signal(signal.SIGTERM, _raise_terminated)
+      # Stops this process within seconds of a signal even when TF's C++
+      # holds the handler up (see train/stop_watchdog.py).
+      stop_watchdog.start(interrupted)
       try:
         return main(argv)
       except app.UsageError:
@@ -198,6 +206,7 @@ def _fail(line, hard_exit=False):
   checkpoint whose restore failed, say) would log warnings about what the
   error already said. With `hard_exit`, at once (`os._exit`)."""
   sys.stdout.flush()
+  stop_watchdog.note(said=True)  # the watchdog adds no line of its own
   print(f"error: {line}", file=sys.stderr, flush=True)
   if hard_exit:
     _leave(1)

@@ -13,6 +13,7 @@ import typing
 from absl import flags
 
 from train import config as config_lib
+from train import stop_watchdog
 
 PRESET = flags.DEFINE_enum(
     "preset", "fashion_mnist_resnet", list(config_lib.PRESETS),
@@ -90,4 +91,7 @@ def config_from_flags():
     overrides.setdefault("epochs", None)
   if given & {"num_modules", "num_layers"} and "split" not in given:
     overrides["split"] = None
-  return dataclasses.replace(config, **overrides)
+  config = dataclasses.replace(config, **overrides)
+  # Where a stop forced by the watchdog finds the run's latest checkpoint.
+  stop_watchdog.note(model_dir=config.model_dir)
+  return config
