@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
+from tf_interlock import fit_arguments
 from tf_interlock import keras_fit
 from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
@@ -186,6 +187,7 @@ class InterlockModel(keras.Model):
       **kwargs: other `keras.Model.compile` arguments are not supported and
         raise.
     """
+    fit_arguments.check_steps_per_execution(steps_per_execution)
     if kwargs:
       raise ValueError(
           f"InterlockModel.compile takes optimizer, loss, metrics and "
@@ -273,6 +275,7 @@ class InterlockModel(keras.Model):
     if self.trainer is None:
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
+    fit_arguments.check_fit(x, y, batch_size, kwargs)
     if class_weight is not None:
       raise ValueError(
           "InterlockModel.fit does not support class_weight; pass "
@@ -342,6 +345,7 @@ class InterlockModel(keras.Model):
     if not self.built:
       raise ValueError("Build or fit the model before exporting it. "
                        "Received: built=False")
+    kwargs.setdefault("owner", fit_arguments.export_owner(self))
     shape = self._build_shapes_dict["input_shape"]
     spec = tf.TensorSpec([None] + list(shape)[1:],
                          self._input_dtype or "float32")

@@ -45,6 +45,9 @@ import sys
 import time
 
 GRACE_ENV = "TF_INTERLOCK_STOP_GRACE_S"
+# Set by a binary that launches another (research.compare): its pid. The
+# launched one is stopped (SIGTERM, then the grace) once that parent is gone.
+PARENT_ENV = "TF_INTERLOCK_PARENT_PID"
 DEFAULT_GRACE_S = 3.0
 _STOPPING = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT",
              signal.SIGHUP: "SIGHUP"}
@@ -87,6 +90,9 @@ def start(interrupted):
   signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
   _notes_fd = notes_w
   note(interrupted=interrupted)
+  parent = os.environ.get(PARENT_ENV, "")
+  if parent.isdigit() and int(parent) == os.getppid():
+    note(parent=int(parent))
 
 
 def note(**facts):
@@ -179,6 +185,26 @@ class Watchdog:
       pass
     sys.exit(0)
 
+  def _parent_gone(self):
+    """Whether the binary's launching process (`note(parent=)`) is gone:
+    the binary was handed to another parent (read from /proc), or, where
+    there is no /proc, that pid no longer exists."""
+    parent = self.facts.get("parent")
+    if not parent:
+      return False
+    try:
+      with open(f"/proc/{self.pid}/stat", encoding="utf-8") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1]) != parent
+    except (OSError, ValueError, IndexError):
+      pass
+    try:
+      os.kill(parent, 0)
+    except ProcessLookupError:
+      return True
+    except OSError:
+      pass
+    return False
+
   def _read_notes(self):
     data = os.read(self.notes_fd, 65536)
     self.buffer += data
@@ -233,6 +259,11 @@ class Watchdog:
       if self.notes_fd in ready and not self._read_notes():
         return
       now = time.monotonic()
+      if self.received is None and self._parent_gone():
+        self.received = (f"SIGTERM: its parent process "
+                         f"{self.facts['parent']} ended")
+        self.deadline = now + self.grace
+        os.kill(self.pid, signal.SIGTERM)
       if self.deadline is not None and now >= self.deadline:
         self._stop(
             f"stopped ({self.received}): still busy inside TensorFlow "
