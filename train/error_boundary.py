@@ -138,7 +138,10 @@ def describe(e):
   """
   if isinstance(e, tf.errors.OpError):
     # TF's status texts carry the path; drop its multi-line context.
-    return f"{type(e).__name__}: {first_line(e.message)}"
+    line = f"{type(e).__name__}: {first_line(e.message)}"
+    if "Too many levels of symbolic links" in line:
+      line += " (a symlink loop: fix the link or pick another folder)"
+    return line
   if isinstance(e, OSError) and e.strerror:
     return _os_error_line(e)
   if isinstance(e, (ValueError, OSError, actions.TrainingError)):
