@@ -146,7 +146,14 @@ def configure(argv=None):
     argv: command-line arguments; None reads sys.argv.
   """
   verbose = is_verbose(argv)
-  for name, value in environment_defaults(verbose).items():
+  defaults = environment_defaults(verbose)
+  if not verbose and "--placement=cluster" in (sys.argv if argv is None
+                                               else argv):
+    # A lost worker is reported in one line (cluster.describe_failure);
+    # TF's C++ errors about it ("E0000 ... Failed to register function
+    # remotely", from its own threads) would only repeat it.
+    defaults["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  for name, value in defaults.items():
     os.environ.setdefault(name, value)
   if not verbose:
     _import_tensorflow_quietly()
