@@ -182,3 +182,22 @@ def test_rejects_empty_dataset():
   dataset = _known_answer_dataset().take(0)
   with pytest.raises(ValueError, match="Received: num_examples=0"):
     evaluation.evaluate_modules(_identity_modules((3,)), dataset)
+
+
+def test_repeated_evaluations_trace_once_and_see_new_weights():
+  """Six evaluations of the same modules share one traced step (no
+  "triggered tf.function retracing" warnings), and still read the weights
+  as they are at each call."""
+  modules = _identity_modules((3,))
+  for _ in range(6):
+    _check_known_answer(evaluation.evaluate_modules(
+        modules, _known_answer_dataset()))
+  functions = modules[0].__dict__["_interlock_eval_functions"]
+  assert len(functions) == 1
+  # Batches of 3 then 1: one batch-polymorphic trace (reduce_retracing).
+  assert list(functions.values())[0].experimental_get_tracing_count() <= 2
+  (kernel,) = modules[1].trainable_weights  # its one Dense, no aux head
+  kernel.assign(-np.eye(3, dtype="float32"))
+  results = evaluation.evaluate_modules(modules, _known_answer_dataset())
+  assert results["module_2"]["loss"] == pytest.approx(
+      _cross_entropy(-LOGITS, LABELS), rel=1e-6)
