@@ -1,6 +1,8 @@
 """Tests for the per-head evaluation of in-memory modules and exports."""
 
 import math
+import os
+import shutil
 
 import keras
 import numpy as np
@@ -201,3 +203,25 @@ def test_repeated_evaluations_trace_once_and_see_new_weights():
   results = evaluation.evaluate_modules(modules, _known_answer_dataset())
   assert results["module_2"]["loss"] == pytest.approx(
       _cross_entropy(-LOGITS, LABELS), rel=1e-6)
+
+
+def test_an_export_with_another_exports_variables_is_one_line(tmp_path):
+  """variables/ copied from a smaller export leaves objects unbound: TF's
+  AssertionError becomes one ValueError naming the export."""
+  small, large = str(tmp_path / "small"), str(tmp_path / "large")
+  export.export_saved_model(_identity_modules((3,)),
+                            tf.TensorSpec([None, 3]), small)
+  three = _identity_modules((3,)) + [InterlockModule([keras.layers.Dense(
+      3, use_bias=False)])]
+  three[-1].build((None, 3))
+  export.export_saved_model(three, tf.TensorSpec([None, 3]), large)
+  shutil.rmtree(os.path.join(large, "variables"))
+  shutil.copytree(os.path.join(small, "variables"),
+                  os.path.join(large, "variables"))
+  with pytest.raises(ValueError) as e:
+    evaluation.evaluate_saved_model(large, _known_answer_dataset())
+  message = str(e.value)
+  assert message.startswith(f"the export at {large} does not load: its "
+                            "variables/ do not match"), message
+  assert message.endswith(f"Received: export_dir={large!r}")
+  assert "\n" not in message

@@ -239,7 +239,15 @@ def evaluate_saved_model(export_dir, dataset, *, task="classification"):
   """
   _check_task(task)
   _check_finite(dataset)
-  loaded = export.load_exported(export_dir)
+  try:
+    loaded = export.load_exported(export_dir)
+  except AssertionError as e:  # TF's check that every object got a value
+    raise ValueError(
+        f"the export at {export_dir} does not load: its variables/ do not "
+        f"match its saved_model.pb (files copied from another export?) "
+        f"({str(e).splitlines()[0][:200]}); export the run again with "
+        f"python -m train.export. Received: export_dir={export_dir!r}"
+    ) from None
   heads = export.signature_heads(loaded)
   metric_fn = losses_lib.sparse_accuracy if task == "classification" else None
 

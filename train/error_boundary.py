@@ -139,6 +139,11 @@ def describe(e):
   if isinstance(e, tf.errors.OpError):
     # TF's status texts carry the path; drop its multi-line context.
     line = f"{type(e).__name__}: {first_line(e.message)}"
+    if isinstance(e, tf.errors.ResourceExhaustedError) and (
+        "No space left" in line or "space" in line.lower()):
+      line += (" (the disk is full: free space and rerun; checkpoints "
+               "written before are intact and the rerun resumes from the "
+               "latest)")
     if "Too many levels of symbolic links" in line:
       line += " (a symlink loop: fix the link or pick another folder)"
     return line
