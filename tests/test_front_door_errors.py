@@ -86,6 +86,8 @@ def test_a_model_replaces_its_own_export_and_no_one_elses(tmp_path):
     ("{not json", "it is not JSON"),
     ('{"task": {"type": "worker", "index": -1}}', "task.index must be"),
     ('{"cluster": {"worker": "h:1"}}', "must be a list of host:port"),
+    ('{"cluster": {"worker": [1, 2]}, "task": {"type": "worker"}}',
+     "must be a list of host:port"),
 ])
 def test_a_malformed_tf_config_is_one_line(monkeypatch, text, words):
   monkeypatch.setenv("TF_CONFIG", text)

@@ -62,7 +62,8 @@ def _tf_config():
     raise ValueError(f"{shape}: task.index must be an int >= 0. "
                      f"Received: TF_CONFIG={text[:200]!r}")
   jobs = value.get("cluster") or {}
-  if not all(isinstance(v, list) for v in jobs.values()):
+  if not all(isinstance(v, list) and all(isinstance(a, str) for a in v)
+             for v in jobs.values()):
     raise ValueError(f"{shape}: every cluster job must be a list of "
                      f"host:port. Received: TF_CONFIG={text[:200]!r}")
   return value
