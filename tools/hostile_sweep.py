@@ -176,7 +176,9 @@ def _start(case, work):
 def _judge(case, proc, work, seconds, signalled_at, hung):
   with open(os.path.join(work, ".stderr"), encoding="utf-8") as f:
     stderr = f.read()
-  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  # absl's own refusal of an unknown flag or enum value is one line too.
+  errors = [line for line in stderr.splitlines()
+            if line.startswith(("error:", "FATAL Flags parsing error"))]
   first = (errors or [line for line in stderr.splitlines() if line.strip()]
            or [""])[0]
   traceback = "Traceback (most recent call last)" in stderr

@@ -179,7 +179,9 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
       previous = signal.signal(signal.SIGTERM, _raise_terminated)
       # Stops this process within seconds of a signal even when TF's C++
       # holds the handler up (see train/stop_watchdog.py).
-      stop_watchdog.start(interrupted)
+      # Only for a binary's own main (not a main called inside a test).
+      if main.__module__ == "__main__":
+        stop_watchdog.start(interrupted)
       try:
         return main(argv)
       except app.UsageError:

@@ -42,6 +42,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 GRACE_ENV = "TF_INTERLOCK_STOP_GRACE_S"
@@ -75,6 +76,8 @@ def start(interrupted):
   if _notes_fd is not None:
     note(interrupted=interrupted)
     return
+  if threading.current_thread() is not threading.main_thread():
+    return  # only the main thread may set the wakeup fd
   signals_r, signals_w = os.pipe()
   notes_r, notes_w = os.pipe()
   os.set_blocking(signals_w, False)  # set_wakeup_fd needs a non-blocking fd
