@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from typing import Optional
@@ -34,6 +35,7 @@ from train import config as config_lib
 from research import study_clock
 from research import study_owner
 from research import study_store
+from train import stop_watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Config fields that compare sets itself, and the flag that sets them.
@@ -147,6 +149,36 @@ def train_args(study, strategy, **run_flags):
       f"--{name}={value}" for name, value in merged.items()]
 
 
+# The subprocesses `launch` is waiting for (one per --jobs thread).
+_RUNNING = set()
+
+
+def child_environment(environ=None):
+  """A subprocess's environment: it stops a second before compare would be
+  stopped by its own watchdog (so that its line is printed first), and
+  it stops itself when compare is gone (even after a SIGKILL of compare:
+  its watchdog sees its parent change; see train/stop_watchdog.py)."""
+  environ = dict(os.environ if environ is None else environ)
+  environ[stop_watchdog.GRACE_ENV] = str(
+      max(stop_watchdog.grace_s(environ) - 1.0, 1.0))
+  environ[stop_watchdog.PARENT_ENV] = str(os.getpid())
+  return environ
+
+
+def forward_stop(error):
+  """Passes the signal that stopped compare (`error`: KeyboardInterrupt or
+  the error boundary's `Terminated`) on to every running subprocess, which
+  saves nothing (compare restarts an unfinished run) and exits."""
+  signum = getattr(error, "signum", None)
+  if isinstance(error, KeyboardInterrupt):
+    signum = signal.SIGINT
+  if signum is None:
+    return
+  for proc in list(_RUNNING):
+    if proc.poll() is None:
+      proc.send_signal(signum)
+
+
 def launch(module, args, log_path):
   """Runs `python -m module args`, its output into `log_path`."""
   print(f"  {module} {' '.join(shlex.quote(a) for a in args)}", flush=True)
@@ -154,7 +186,9 @@ def launch(module, args, log_path):
   with tf.io.gfile.GFile(log_path, "w") as log:
     proc = subprocess.Popen(
         [sys.executable, "-m", module, *args], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=child_environment())
+    _RUNNING.add(proc)
     try:
       for line in proc.stdout:
         log.write(line)
@@ -166,6 +200,7 @@ def launch(module, args, log_path):
         # lock and exits (compare restarts the run from scratch anyway).
         proc.terminate()
         proc.wait()
+      _RUNNING.discard(proc)
   if proc.returncode:
     last = next((line.strip() for line in reversed(tail) if line.strip()),
                 "")
@@ -271,8 +306,14 @@ def run_all(study, break_lock=False, train=train_preset):
   tf.io.gfile.makedirs(os.path.join(study.out_dir, "logs"))
   pairs = [(s, seed) for s in study.strategies for seed in study.seeds]
   with concurrent.futures.ThreadPoolExecutor(study.jobs) as pool:
-    results = list(pool.map(
-        lambda pair: run_one(study, *pair, break_lock, train), pairs))
+    try:
+      results = list(pool.map(
+          lambda pair: run_one(study, *pair, break_lock, train), pairs))
+    except BaseException as e:
+      # Before the pool's exit waits for its threads, which wait for their
+      # runs: a signal reaches only this (the main) thread.
+      forward_stop(e)
+      raise
   by_strategy = {s: [] for s in study.strategies}
   for (strategy, _), result in zip(pairs, results):
     by_strategy[strategy].append(result)

@@ -21,6 +21,7 @@ refused, naming it, and its lock and checkpoints stay where they are.
 """
 
 import json
+import os
 import re
 import time
 import uuid
@@ -32,6 +33,8 @@ from tf_interlock import run_dir as run_dir_lib
 from tf_interlock.run_lock import RunLock
 
 STUDY_MARKER = "compare_study.json"
+# out_dir's lock: one research.compare at a time (see `study_lock`).
+STUDY_LOCK = "compare_lock.json"
 RUN_MARKER = "compare_run.json"
 # A run folder's state, as far as compare is concerned.
 NEW, FINISHED, UNFINISHED = "new", "finished", "unfinished"
@@ -101,11 +104,45 @@ def check_unclaimed(out_dir, owner):
   """Raises unless out_dir is compare's (`owner`), new or empty."""
   out_dir = paths.normalize(out_dir)
   if (owner is None and tf.io.gfile.isdir(out_dir) and
-      tf.io.gfile.listdir(out_dir)):
+      set(tf.io.gfile.listdir(out_dir)) - {STUDY_LOCK}):
     raise ValueError(
         f"--out_dir={out_dir} holds files that research.compare did not write "
         f"(no {STUDY_MARKER}); nothing was changed: pick a new or empty "
         f"directory. {_received(out_dir)}")
+
+
+def study_lock(out_dir, break_lock=False):
+  """Takes out_dir's lock (STUDY_LOCK) for one compare at a time; the lock.
+
+  A second compare started into the same out_dir is refused in one line
+  before it writes anything. out_dir is made for the lock when missing;
+  `release_study_lock` removes it again if nothing else was written.
+
+  Raises:
+    ValueError: naming the live compare that holds out_dir.
+  """
+  out_dir = paths.normalize(out_dir)
+  made = not tf.io.gfile.exists(out_dir)
+  tf.io.gfile.makedirs(out_dir)
+  lock = RunLock(paths.join(out_dir, STUDY_LOCK))
+  try:
+    lock.acquire(break_lock)
+  except ValueError as e:
+    raise ValueError(f"--out_dir={out_dir} is in use by another "
+                     f"research.compare: {e}") from None
+  lock.made_dir = made
+  return lock
+
+
+def release_study_lock(lock):
+  """Releases `study_lock`'s lock; removes out_dir if it made it empty."""
+  lock.release()
+  folder = os.path.dirname(lock.path)
+  if lock.made_dir and not tf.io.gfile.listdir(folder):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      pass  # not a local folder, or something appeared in it
 
 
 def claim(out_dir, owner):

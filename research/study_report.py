@@ -427,6 +427,19 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
     ValueError: before anything is written, when out_dir holds what this
       study did not make or cannot reuse (`study_lib.check_study`).
   """
+  lock = study_owner.study_lock(study.out_dir, break_lock)
+  try:
+    return _run_and_report(study, eval_points=eval_points, target=target,
+                           plots=plots, cost_repeats=cost_repeats,
+                           command=command, report_dir=report_dir,
+                           break_lock=break_lock)
+  finally:
+    study_owner.release_study_lock(lock)
+
+
+def _run_and_report(study, *, eval_points, target, plots, cost_repeats,
+                    command, report_dir, break_lock):
+  """run_and_report while holding out_dir's lock."""
   owner = study_lib.check_study(study, cost_repeats, break_lock)
   study = dataclasses.replace(study, owner=study_owner.claim(study.out_dir,
                                                              owner))

@@ -1,6 +1,8 @@
 """Tests for the per-head evaluation of in-memory modules and exports."""
 
 import math
+import os
+import shutil
 
 import keras
 import numpy as np
@@ -182,3 +184,44 @@ def test_rejects_empty_dataset():
   dataset = _known_answer_dataset().take(0)
   with pytest.raises(ValueError, match="Received: num_examples=0"):
     evaluation.evaluate_modules(_identity_modules((3,)), dataset)
+
+
+def test_repeated_evaluations_trace_once_and_see_new_weights():
+  """Six evaluations of the same modules share one traced step (no
+  "triggered tf.function retracing" warnings), and still read the weights
+  as they are at each call."""
+  modules = _identity_modules((3,))
+  for _ in range(6):
+    _check_known_answer(evaluation.evaluate_modules(
+        modules, _known_answer_dataset()))
+  functions = modules[0].__dict__["_interlock_eval_functions"]
+  assert len(functions) == 1
+  # Batches of 3 then 1: one batch-polymorphic trace (reduce_retracing).
+  assert list(functions.values())[0].experimental_get_tracing_count() <= 2
+  (kernel,) = modules[1].trainable_weights  # its one Dense, no aux head
+  kernel.assign(-np.eye(3, dtype="float32"))
+  results = evaluation.evaluate_modules(modules, _known_answer_dataset())
+  assert results["module_2"]["loss"] == pytest.approx(
+      _cross_entropy(-LOGITS, LABELS), rel=1e-6)
+
+
+def test_an_export_with_another_exports_variables_is_one_line(tmp_path):
+  """variables/ copied from a smaller export leaves objects unbound: TF's
+  AssertionError becomes one ValueError naming the export."""
+  small, large = str(tmp_path / "small"), str(tmp_path / "large")
+  export.export_saved_model(_identity_modules((3,)),
+                            tf.TensorSpec([None, 3]), small)
+  three = _identity_modules((3,)) + [InterlockModule([keras.layers.Dense(
+      3, use_bias=False)])]
+  three[-1].build((None, 3))
+  export.export_saved_model(three, tf.TensorSpec([None, 3]), large)
+  shutil.rmtree(os.path.join(large, "variables"))
+  shutil.copytree(os.path.join(small, "variables"),
+                  os.path.join(large, "variables"))
+  with pytest.raises(ValueError) as e:
+    evaluation.evaluate_saved_model(large, _known_answer_dataset())
+  message = str(e.value)
+  assert message.startswith(f"the export at {large} does not load: its "
+                            "variables/ do not match"), message
+  assert message.endswith(f"Received: export_dir={large!r}")
+  assert "\n" not in message

@@ -141,28 +141,78 @@ def reachable(address, timeout_s):
     return False
 
 
+def answers_as_worker(address, timeout_s):
+  """Whether `address` is a TF worker: a bounded gRPC handshake.
+
+  Asks TF's own WorkerService for its status (an empty GetStatusRequest),
+  the request a client's connect starts with. A port that accepts TCP
+  connections is not enough: an HTTP server or a listener that never
+  answers there would hold TF's connect forever.
+
+  Args:
+    address: the worker's host:port.
+    timeout_s: seconds to wait for the answer.
+
+  Returns:
+    None when it answers as a TF worker, else why not (a few words).
+  """
+  import grpc  # pylint: disable=g-import-not-at-top
+  try:
+    with grpc.insecure_channel(address) as channel:
+      channel.unary_unary("/tensorflow.WorkerService/GetStatus")(
+          b"", timeout=timeout_s)
+    return None
+  except grpc.RpcError as e:
+    code, details = e.code(), e.details() or ""
+  if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    return ("accepts connections but does not answer (frozen, or another "
+            "program listens there)")
+  if code == grpc.StatusCode.UNAVAILABLE and "refused" in details:
+    return "refuses connections"
+  if code == grpc.StatusCode.UNAVAILABLE:
+    return ("accepts connections but speaks no gRPC (another program, e.g. "
+            "an HTTP server, listens there)")
+  if code == grpc.StatusCode.UNIMPLEMENTED:
+    return "speaks gRPC but is not a TF worker"
+  return f"answers {code.name}, not as a TF worker"
+
+
 def wait_for_workers(spec, timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
-  """Waits until every worker accepts TCP connections, at most `timeout_s`.
+  """Waits until every worker answers as a TF worker, at most `timeout_s`.
 
   A bounded wait: TF's own connect would retry a missing worker for a long
-  time without saying which one is missing.
+  time without saying which one is missing, and would wait forever on a
+  port where something else accepts connections (`answers_as_worker`).
 
   Raises:
     ConnectionError: one line naming every worker still missing.
   """
   addresses = spec.job_tasks(JOB)
-  missing = list(range(len(addresses)))
+  missing = {t: "" for t in range(len(addresses))}
   deadline = time.monotonic() + timeout_s
   while True:
-    missing = [t for t in missing if not reachable(addresses[t], 2.0)]
+    for t in list(missing):
+      left = max(deadline - time.monotonic(), 0.5)
+      missing[t] = answers_as_worker(addresses[t], min(left, 5.0))
+      if missing[t] is None:
+        del missing[t]
     if not missing or time.monotonic() >= deadline:
       break
     time.sleep(0.5)
-  if missing:
+  if all(why == "refuses connections" for why in missing.values()) and (
+      missing):
     names = ", ".join(f"task {t} ({addresses[t]})" for t in missing)
     raise ConnectionError(
         f"no worker listening at {names} after {timeout_s:g} s; start it "
         f"with python -m train.worker --cluster=... --task=N. "
+        f"Received: cluster={','.join(addresses)}")
+  if missing:
+    names = "; ".join(f"task {t} ({addresses[t]}) {why}"
+                      for t, why in missing.items())
+    raise ConnectionError(
+        f"not a TF worker after {timeout_s:g} s: {names}; stop what holds "
+        f"that port or pick another, and start python -m train.worker "
+        f"--cluster=... --task=N there. "
         f"Received: cluster={','.join(addresses)}")
 
 

@@ -159,6 +159,30 @@ class _Totals:
     return results
 
 
+def _batch_sums_function(modules, loss_fn, metric_fn):
+  """The traced evaluation step of these modules, made once and kept.
+
+  A new tf.function per call would trace again at every evaluation, and
+  from the fifth TF warns of "triggered tf.function retracing". It is kept
+  on the first module (outside Keras's attribute tracking); its key holds
+  ids of objects its closure keeps alive, so no other object can take them.
+  reduce_retracing: a smaller last batch gives a batch-polymorphic trace
+  instead of a second one.
+  """
+  cache = modules[0].__dict__.setdefault("_interlock_eval_functions", {})
+  key = (tuple(id(m) for m in modules), id(loss_fn), id(metric_fn))
+  if key not in cache:
+
+    @tf.function(reduce_retracing=True)
+    def batch_sums(features, labels):
+      return {head: _batch_sums(values)
+              for head, values in exit_values(modules, features, labels,
+                                              loss_fn, metric_fn).items()}
+
+    cache[key] = batch_sums
+  return cache[key]
+
+
 def evaluate_modules(modules, dataset,
                      loss_fn=losses_lib.sparse_softmax_cross_entropy,
                      metric_fn=losses_lib.sparse_accuracy, *,
@@ -187,14 +211,7 @@ def evaluate_modules(modules, dataset,
   _check_finite(dataset)
   modules = list(modules)
 
-  # reduce_retracing: a smaller last batch gives a batch-polymorphic trace
-  # instead of a second one.
-  @tf.function(reduce_retracing=True)
-  def batch_sums(features, labels):
-    return {head: _batch_sums(values)
-            for head, values in exit_values(modules, features, labels,
-                                            loss_fn, metric_fn).items()}
-
+  batch_sums = _batch_sums_function(modules, loss_fn, metric_fn)
   totals = _Totals()
   for features, labels in dataset:
     for head, sums in batch_sums(features, labels).items():
@@ -222,7 +239,15 @@ def evaluate_saved_model(export_dir, dataset, *, task="classification"):
   """
   _check_task(task)
   _check_finite(dataset)
-  loaded = export.load_exported(export_dir)
+  try:
+    loaded = export.load_exported(export_dir)
+  except AssertionError as e:  # TF's check that every object got a value
+    raise ValueError(
+        f"the export at {export_dir} does not load: its variables/ do not "
+        f"match its saved_model.pb (files copied from another export?) "
+        f"({str(e).splitlines()[0][:200]}); export the run again with "
+        f"python -m train.export. Received: export_dir={export_dir!r}"
+    ) from None
   heads = export.signature_heads(loaded)
   metric_fn = losses_lib.sparse_accuracy if task == "classification" else None
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
+from tf_interlock import fit_arguments
 from tf_interlock import keras_fit
 from tf_interlock import keras_metrics
 from tf_interlock import keras_summary
@@ -211,6 +212,7 @@ class InterlockModel(keras.Model):
       **kwargs: other `keras.Model.compile` arguments are not supported and
         raise.
     """
+    fit_arguments.check_steps_per_execution(steps_per_execution)
     if kwargs:
       raise ValueError(
           f"InterlockModel.compile takes optimizer, loss, metrics, "
@@ -308,6 +310,7 @@ class InterlockModel(keras.Model):
     if self.trainer is None:
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
+    fit_arguments.check_fit(x, y, batch_size, kwargs)
     if class_weight is not None:
       raise ValueError(
           "InterlockModel.fit does not support class_weight; pass "
@@ -444,6 +447,7 @@ class InterlockModel(keras.Model):
     if not self.built:
       raise ValueError("Build or fit the model before exporting it. "
                        "Received: built=False")
+    kwargs.setdefault("owner", fit_arguments.export_owner(self))
     shape = self._build_shapes_dict["input_shape"]
     spec = tf.TensorSpec([None] + list(shape)[1:],
                          self._input_dtype or "float32")

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
+from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
 from layers import partition
 
@@ -442,6 +443,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     K unbuilt `InterlockModule`s. Each holds a snapshot of the model's
     weights, copied into the new layers when the module is first built.
   """
+  fit_arguments.check_from_keras(model, num_modules)
   graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "

@@ -13,6 +13,7 @@ from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
 from train import config as config_lib
 from train import multi_worker
+from train import stop_watchdog
 
 # Seconds the Cloud TPU name may take to resolve before the run gives up.
 TPU_RESOLVE_TIMEOUT_S = 300
@@ -107,6 +108,9 @@ def connect_cluster(config):
     cluster_lib.connect(spec, config.cluster_timeout_s)
   except ConnectionError as e:
     raise ValueError(str(e)) from None
+  # A worker that stops answering is named within --cluster_timeout_s.
+  stop_watchdog.note_workers(spec.job_tasks(cluster_lib.JOB),
+                             config.cluster_timeout_s)
 
 
 def cluster_failure(config, error):

@@ -29,11 +29,16 @@ original and normalized active exception types: ORIGINAL NotFoundError
 REPLACED BY KeyboardInterrupt": `signal_in` reads the signal back out of
 it, so that it is still the signal's one line.
 
+A signal TF's C++ holds up for longer than a few seconds is the
+watchdog's (train/stop_watchdog.py): it prints the line and kills the
+process.
+
 `guard(hard_exit=True)` (train.worker) leaves with `os._exit` once the
 line is printed: the threads of TF's gRPC server can hold up a normal exit
 of the interpreter for good.
 """
 
+import atexit
 import errno
 import functools
 import os
@@ -47,6 +52,7 @@ from absl import logging
 import tensorflow as tf
 
 from train import actions
+from train import stop_watchdog
 
 # A longer line is cut in its middle: TF's statuses can run to many kB, while
 # our own lines name up to four paths (a Bazel sandbox's run ~200 chars each)
@@ -133,7 +139,15 @@ def describe(e):
   """
   if isinstance(e, tf.errors.OpError):
     # TF's status texts carry the path; drop its multi-line context.
-    return f"{type(e).__name__}: {first_line(e.message)}"
+    line = f"{type(e).__name__}: {first_line(e.message)}"
+    if isinstance(e, tf.errors.ResourceExhaustedError) and (
+        "No space left" in line or "space" in line.lower()):
+      line += (" (the disk is full: free space and rerun; checkpoints "
+               "written before are intact and the rerun resumes from the "
+               "latest)")
+    if "Too many levels of symbolic links" in line:
+      line += " (a symlink loop: fix the link or pick another folder)"
+    return line
   if isinstance(e, OSError) and e.strerror:
     return _os_error_line(e)
   if isinstance(e, (ValueError, OSError, actions.TrainingError)):
@@ -164,21 +178,33 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
     @functools.wraps(main)
     def guarded(argv):
       previous = signal.signal(signal.SIGTERM, _raise_terminated)
+      previous_int = signal.getsignal(signal.SIGINT)
+      if previous_int is not signal.default_int_handler and (
+          main.__module__ == "__main__"):  # runtime_env's start-up handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+      # Stops this process within seconds of a signal even when TF's C++
+      # holds the handler up (see train/stop_watchdog.py).
+      # Only for a binary's own main (not a main called inside a test).
+      if main.__module__ == "__main__":
+        stop_watchdog.start(interrupted)
       try:
         return main(argv)
       except app.UsageError:
         raise  # absl prints the usage line itself
       except KeyboardInterrupt:
-        _fail(f"interrupted (SIGINT); {interrupted}", hard_exit)
+        _fail(f"interrupted (SIGINT); {interrupted}", _STOPPED)
       except Terminated as e:
-        _fail(f"stopped ({e}); {interrupted}", hard_exit)
+        _fail(f"stopped ({e}); {interrupted}", _STOPPED)
       except Exception as e:  # pylint: disable=broad-except
         signum = signal_in(e)
         if signum == "SIGINT":
-          _fail(f"interrupted (SIGINT); {interrupted}", hard_exit)
+          _fail(f"interrupted (SIGINT); {interrupted}", _STOPPED)
         if signum:
-          _fail(f"stopped ({signum}); {interrupted}", hard_exit)
+          _fail(f"stopped ({signum}); {interrupted}", _STOPPED)
         line = describe(e)
+        if isinstance(e, actions.TrainingError) and str(e).startswith(
+            ("SIGTERM at step", "SIGINT at step")):
+          _fail(line, _STOPPED)  # the training loop saved and stopped
         if line is None:
           if not hard_exit:
             raise
@@ -193,12 +219,23 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
   return decorate
 
 
+# `_fail`'s mode after a signal: the `finally` blocks have run (lock
+# released, temporary folders removed), the atexit functions run, then the
+# process leaves at once: tearing down TF's objects can take longer than
+# the few seconds a stopped binary has (train/stop_watchdog.py).
+_STOPPED = "stopped"
+
+
 def _fail(line, hard_exit=False):
   """Prints the line and exits 1, quietly: the objects freed at exit (a
   checkpoint whose restore failed, say) would log warnings about what the
-  error already said. With `hard_exit`, at once (`os._exit`)."""
+  error already said. With `hard_exit`, at once (`os._exit`); with
+  `_STOPPED`, after the atexit functions."""
   sys.stdout.flush()
+  stop_watchdog.note(said=True)  # the watchdog adds no line of its own
   print(f"error: {line}", file=sys.stderr, flush=True)
+  if hard_exit == _STOPPED:
+    atexit._run_exitfuncs()  # pylint: disable=protected-access
   if hard_exit:
     _leave(1)
   logging.set_verbosity(logging.ERROR)

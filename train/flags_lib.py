@@ -13,6 +13,7 @@ import typing
 from absl import flags
 
 from train import config as config_lib
+from train import stop_watchdog
 
 PRESET = flags.DEFINE_enum(
     "preset", "fashion_mnist_resnet", list(config_lib.PRESETS),
@@ -53,8 +54,27 @@ def _parse(field, text):
     return base(text)
   except ValueError:
     raise ValueError(f"--{field.name}={text!r} is not a valid "
-                     f"{getattr(base, '__name__', base)}. "
+                     f"{getattr(base, '__name__', base)}: "
+                     f"{_expected(field, base, optional)}. "
                      f"Received: {field.name}={text!r}") from None
+
+
+# What each kind of flag takes, with an example (the value it has now).
+_KINDS = {int: "a whole number in digits", float: "a number",
+          bool: "true or false", str: "text"}
+
+
+def _expected(field, base, optional):
+  """What a flag of `field` takes, e.g. "a whole number in digits, such as
+  --num_modules=4", for the line that refuses a value."""
+  kind = _KINDS.get(base, "a comma-separated list")
+  default = field.default
+  example = ""
+  if default is not None and default is not dataclasses.MISSING and not (
+      isinstance(default, tuple)):
+    shown = str(default).lower() if base is bool else default
+    example = f", such as --{field.name}={shown}"
+  return kind + example + (" (or none)" if optional else "")
 
 
 def given_flags():
@@ -90,4 +110,7 @@ def config_from_flags():
     overrides.setdefault("epochs", None)
   if given & {"num_modules", "num_layers"} and "split" not in given:
     overrides["split"] = None
-  return dataclasses.replace(config, **overrides)
+  config = dataclasses.replace(config, **overrides)
+  # Where a stop forced by the watchdog finds the run's latest checkpoint.
+  stop_watchdog.note(model_dir=config.model_dir)
+  return config

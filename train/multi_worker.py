@@ -36,7 +36,36 @@ _OWN_DIRS = set()
 
 
 def _tf_config():
-  return json.loads(os.environ.get("TF_CONFIG") or "{}")
+  """TF_CONFIG as a dict with a dict "cluster" and "task" (possibly empty).
+
+  Raises:
+    ValueError: one line naming TF_CONFIG when it is not such JSON.
+  """
+  text = os.environ.get("TF_CONFIG") or "{}"
+  shape = ('TF_CONFIG must be a JSON object such as {"cluster": {"worker": '
+           '["host:port", ...]}, "task": {"type": "worker", "index": 0}}')
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"{shape}; it is not JSON ({e}). "
+                     f"Received: TF_CONFIG={text[:200]!r}") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{shape}, not a JSON {type(value).__name__}. "
+                     f"Received: TF_CONFIG={text[:200]!r}")
+  for key in ("cluster", "task"):
+    if not isinstance(value.get(key) or {}, dict):
+      raise ValueError(f"{shape}: its {key!r} must be an object. "
+                       f"Received: TF_CONFIG={text[:200]!r}")
+  index = (value.get("task") or {}).get("index", 0)
+  if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+    raise ValueError(f"{shape}: task.index must be an int >= 0. "
+                     f"Received: TF_CONFIG={text[:200]!r}")
+  jobs = value.get("cluster") or {}
+  if not all(isinstance(v, list) and all(isinstance(a, str) for a in v)
+             for v in jobs.values()):
+    raise ValueError(f"{shape}: every cluster job must be a list of "
+                     f"host:port. Received: TF_CONFIG={text[:200]!r}")
+  return value
 
 
 def mode(config):

@@ -14,6 +14,7 @@ environment before TensorFlow is imported, long before flags are parsed.
 
 import os
 import platform
+import signal
 import sys
 import tempfile
 
@@ -139,14 +140,45 @@ def _quiet_python_logging():
     tfds.disable_progress_bar()
 
 
+_START_STDERR = []  # a copy of the original stderr's fd
+
+
+def _stopped_while_starting(signum, frame):
+  """SIGTERM/SIGINT before the binary's main: nothing is written yet."""
+  del frame
+  # fd 2 may be captured while TF loads (_import_tensorflow_quietly).
+  os.write(_START_STDERR[0], (f"error: stopped ({signal.Signals(signum).name}) while "
+               f"starting; nothing was written\n").encode())
+  os._exit(1)  # pylint: disable=protected-access
+
+
+def _guard_start_up():
+  """A binary's first import (`python -m train.x` / `research.x`): a signal
+  while TF loads is one line, not a silent death or a traceback; the error
+  boundary takes over when main starts."""
+  main = sys.modules.get("__main__")
+  if getattr(main, "__package__", None) in ("train", "research"):
+    _START_STDERR.append(os.dup(2))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(signum, _stopped_while_starting)
+
+
 def configure(argv=None):
   """Applies the settings above; runs once, when this module is imported.
 
   Args:
     argv: command-line arguments; None reads sys.argv.
   """
+  _guard_start_up()
   verbose = is_verbose(argv)
-  for name, value in environment_defaults(verbose).items():
+  defaults = environment_defaults(verbose)
+  if not verbose and "--placement=cluster" in (sys.argv if argv is None
+                                               else argv):
+    # A lost worker is reported in one line (cluster.describe_failure);
+    # TF's C++ errors about it ("E0000 ... Failed to register function
+    # remotely", from its own threads) would only repeat it.
+    defaults["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  for name, value in defaults.items():
     os.environ.setdefault(name, value)
   if not verbose:
     _import_tensorflow_quietly()

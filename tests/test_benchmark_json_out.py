@@ -1,0 +1,23 @@
+"""research.benchmark checks --json_out before it runs (issue 29): a
+folder or a path in a missing folder is refused in one line at once, not
+after the whole benchmark."""
+
+import pytest
+
+from tests.binaries import run_binary
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("where, words", [
+    ("", "is a directory; give a file path"),
+    ("no/x.json", "does not exist (or is a file); create it first"),
+])
+def test_json_out_is_refused_before_the_run(tmp_path, where, words):
+  path = str(tmp_path / where) if where else str(tmp_path)
+  proc = run_binary("research.benchmark", f"--json_out={path}", check=False)
+  errors = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1 and len(errors) == 1, errors
+  assert words in errors[0] and errors[0].endswith(
+      f"Received: json_out={path!r}"), errors
+  assert proc.stdout == ""  # nothing was measured

@@ -1,0 +1,99 @@
+"""Misuse of the Keras front door and a malformed TF_CONFIG: one line that
+names the value (tf_interlock/fit_arguments.py, train/multi_worker.py)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_interlock as ti
+from train import multi_worker
+
+X = np.random.RandomState(0).rand(64, 8).astype("float32")
+Y = np.random.RandomState(1).randint(0, 3, 64)
+
+
+def _net():
+  return keras.Sequential([keras.Input((8,)),
+                           keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(3)])
+
+
+def _model(**compile_args):
+  model = ti.InterlockModel(ti.from_keras(_net(), 2), strategy="2wise")
+  model.compile("adam", **compile_args)
+  return model
+
+
+@pytest.mark.parametrize("model, num_modules, received", [
+    (keras.Sequential([keras.Input((8,))]), 2,
+     "model='sequential' with 0 layers"),
+    (None, "2", "num_modules='2'"),
+    (None, 0, "num_modules=0"),
+    (None, True, "num_modules=True"),
+])
+def test_from_keras_refuses_in_one_line(model, num_modules, received):
+  with pytest.raises(ValueError) as e:
+    ti.from_keras(model if model is not None else _net(), num_modules)
+  assert str(e.value).endswith("Received: " + received), str(e.value)
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("x, y, fit_args, received", [
+    ([X], Y, {}, "x=list of 1 array"),
+    (X, Y[:50], {}, "len(x)=64, len(y)=50"),
+    (X, Y, {"batch_size": -16}, "batch_size=-16"),
+    (X, Y, {"batch_size": 16.5}, "batch_size=16.5"),
+    (X, Y, {"batch_size": 0}, "batch_size=0"),
+    (X, Y, {"steps_per_execution": 100}, "steps_per_execution=100"),
+])
+def test_fit_refuses_in_one_line(x, y, fit_args, received):
+  with pytest.raises(ValueError) as e:
+    _model().fit(x, y, verbose=0, **fit_args)
+  assert str(e.value).endswith("Received: " + received), str(e.value)
+
+
+@pytest.mark.parametrize("value", [0, 33, 100, 2.0, "4"])
+def test_compile_caps_steps_per_execution(value):
+  with pytest.raises(ValueError) as e:
+    _model(steps_per_execution=value)
+  assert str(e.value).endswith(f"Received: steps_per_execution={value!r}")
+
+
+def test_a_model_replaces_its_own_export_and_no_one_elses(tmp_path):
+  model = _model()
+  model.fit(X, Y, batch_size=16, verbose=0)
+  target = str(tmp_path / "export")
+  model.export_saved_model(target)
+  model.fit(X, Y, batch_size=16, verbose=0)  # weights change
+  model.export_saved_model(target)  # its own export: replaced
+  loaded = tf.saved_model.load(target)
+  want = model.predict(X[:4], verbose=0)
+  got = loaded.signatures["serving_default"](tf.constant(X[:4]))
+  np.testing.assert_allclose(list(got.values())[0].numpy(), want, rtol=1e-5,
+                             atol=1e-5)
+  other = _model()
+  other.fit(X, Y, batch_size=16, verbose=0)
+  with pytest.raises(ValueError, match="not an export of this run"):
+    other.export_saved_model(target)  # another model's export: refused
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[1,2]", "not a JSON list"),
+    ('"str"', "not a JSON str"),
+    ('{"task": 5}', "its 'task' must be an object"),
+    ("{not json", "it is not JSON"),
+    ('{"task": {"type": "worker", "index": -1}}', "task.index must be"),
+    ('{"cluster": {"worker": "h:1"}}', "must be a list of host:port"),
+    ('{"cluster": {"worker": [1, 2]}, "task": {"type": "worker"}}',
+     "must be a list of host:port"),
+])
+def test_a_malformed_tf_config_is_one_line(monkeypatch, text, words):
+  monkeypatch.setenv("TF_CONFIG", text)
+  with pytest.raises(ValueError) as e:
+    multi_worker.num_tasks()
+  message = str(e.value)
+  assert message.startswith("TF_CONFIG must be a JSON object"), message
+  assert words in message and message.endswith(
+      f"Received: TF_CONFIG={text!r}"), message

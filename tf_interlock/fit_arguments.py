@@ -1,0 +1,101 @@
+"""Checks of the Keras front door's arguments: one line that says what to do.
+
+`from_keras`, `InterlockModel.compile`, `fit` and `export_saved_model`
+call these first, so that a bad argument is refused in one line naming
+the value and what is allowed, ending like Keras's "Received: name=value",
+instead of an IndexError, a TypeError about `<=` or a TF shape error from
+deep inside tracing.
+"""
+
+import uuid
+
+import keras
+
+# steps_per_execution unrolls that many steps into one tf.function, each
+# with its own iterator get_next: above 32 TF warns about the many calls
+# and tracing grows with every step (train/config.py caps the binary's
+# --steps_per_loop the same way, MAX_GET_NEXT_CALLS).
+MAX_STEPS_PER_EXECUTION = 32
+
+
+def _is_int(value):
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_from_keras(model, num_modules):
+  """from_keras(model, num_modules): K an int >= 1, a model with layers.
+
+  Raises:
+    ValueError: one line naming the bad argument.
+  """
+  if not _is_int(num_modules) or num_modules < 1:
+    raise ValueError(f"num_modules must be an int >= 1 (the number of "
+                     f"modules K). Received: num_modules={num_modules!r}")
+  if isinstance(model, keras.Model):
+    layers = [layer for layer in model.layers
+              if not isinstance(layer, keras.layers.InputLayer)]
+    if not layers:
+      raise ValueError(
+          f"from_keras needs a model with at least one layer after its "
+          f"keras.Input to split into {num_modules} modules. Received: "
+          f"model={model.name!r} with 0 layers")
+
+
+def check_steps_per_execution(steps_per_execution):
+  """compile(steps_per_execution=): an int in 1..32."""
+  if (not _is_int(steps_per_execution) or
+      not 1 <= steps_per_execution <= MAX_STEPS_PER_EXECUTION):
+    raise ValueError(
+        f"steps_per_execution must be an int in 1..{MAX_STEPS_PER_EXECUTION}"
+        f": each step is unrolled into one traced function, and more make "
+        f"tracing slow with little gain per call. Received: "
+        f"steps_per_execution={steps_per_execution!r}")
+
+
+def _length(value):
+  """len(value) for an array-like with a length, else None."""
+  try:
+    return len(value)
+  except TypeError:
+    return None
+
+
+def check_fit(x, y, batch_size, kwargs):
+  """fit(x, y, batch_size, **kwargs) before any data is read.
+
+  Args:
+    x, y, batch_size: as given to `InterlockModel.fit`.
+    kwargs: fit's other keyword arguments.
+
+  Raises:
+    ValueError: one line naming the bad argument.
+  """
+  if "steps_per_execution" in kwargs:
+    raise ValueError(
+        "steps_per_execution is set in compile(), not fit(): "
+        "model.compile(..., steps_per_execution=n). Received: "
+        f"steps_per_execution={kwargs['steps_per_execution']!r}")
+  if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+    raise ValueError(f"batch_size must be an int >= 1 (or None: 32). "
+                     f"Received: batch_size={batch_size!r}")
+  if isinstance(x, (list, tuple)) and len(x) == 1 and y is not None:
+    raise ValueError(
+        "x is a list of one array, but the model has one input: pass the "
+        "array itself, fit(x[0], y). Received: x=list of 1 array")
+  nx, ny = _length(x), _length(y)
+  if (nx is not None and ny is not None and nx != ny and
+      not isinstance(x, (list, tuple, dict))):
+    raise ValueError(
+        f"x and y must hold the same number of examples. Received: "
+        f"len(x)={nx}, len(y)={ny}")
+
+
+def export_owner(model):
+  """The id a model writes into its exports' markers (made once per model
+  object), so that exporting it again to the same folder replaces its own
+  earlier export while anything else there is still refused."""
+  owner = getattr(model, "_interlock_export_owner", None)
+  if owner is None:
+    owner = f"model-{uuid.uuid4().hex}"
+    object.__setattr__(model, "_interlock_export_owner", owner)
+  return owner
