@@ -4,6 +4,9 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,3 +35,18 @@ def tree_digest(root):
         found[os.path.relpath(path, root)] = hashlib.sha256(
             f.read()).hexdigest()
   return found
+
+
+def stop_and_time(proc, signum):
+  """Sends `signum`; returns (seconds until exit, stderr's error lines)."""
+  sent = time.monotonic()
+  proc.send_signal(signum)
+  try:
+    proc.wait(timeout=60)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    pytest.fail(f"still running 60 s after {signum!r}")
+  seconds = time.monotonic() - sent
+  errors = [line for line in proc.stderr.read().splitlines()
+            if line.startswith("error:")]
+  return seconds, errors

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tests import cluster_procs
-from tests.test_stop_signals import stop_and_time
+from tests.binaries import stop_and_time
 
 pytestmark = pytest.mark.cluster
 RUN = ["--preset=synthetic_mlp", "--num_modules=2",

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.binaries import ROOT
-from tests.test_stop_signals import stop_and_time
+from tests.binaries import stop_and_time
 
 pytestmark = pytest.mark.slow
 FLAGS = ["--preset=synthetic_mlp", "--strategies=e2e", "--seed=3",

@@ -17,6 +17,7 @@ import time
 import pytest
 import tensorflow as tf
 
+from tests import binaries
 from tests import cluster_procs
 from train import stop_watchdog
 
@@ -33,21 +34,6 @@ def _wait_for(path, proc, limit_s=300):
     time.sleep(0.02)
 
 
-def stop_and_time(proc, signum):
-  """Sends `signum`; returns (seconds until exit, stderr's error lines)."""
-  sent = time.monotonic()
-  proc.send_signal(signum)
-  try:
-    proc.wait(timeout=60)
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    pytest.fail(f"still running 60 s after {signum!r}")
-  seconds = time.monotonic() - sent
-  errors = [line for line in proc.stderr.read().splitlines()
-            if line.startswith("error:")]
-  return seconds, errors
-
-
 @pytest.mark.slow
 def test_sigterm_while_tracing_is_acted_on_within_5_s(procs, tmp_path):
   model_dir = str(tmp_path / "run")
@@ -56,7 +42,7 @@ def test_sigterm_while_tracing_is_acted_on_within_5_s(procs, tmp_path):
   # config.json is written before the training function is traced.
   _wait_for(os.path.join(model_dir, "config.json"), proc)
   time.sleep(1.0)  # well inside the minutes of tracing
-  seconds, errors = stop_and_time(proc, signal.SIGTERM)
+  seconds, errors = binaries.stop_and_time(proc, signal.SIGTERM)
   assert seconds < 5.0, seconds
   assert errors == [
       "error: stopped (SIGTERM): still busy inside TensorFlow "
@@ -75,7 +61,7 @@ def test_sigint_while_training_is_acted_on_within_5_s(procs, tmp_path):
   for line in proc.stdout:
     if line.startswith("step 20/"):
       break
-  seconds, errors = stop_and_time(proc, signal.SIGINT)
+  seconds, errors = binaries.stop_and_time(proc, signal.SIGINT)
   assert seconds < 5.0, seconds
   assert len(errors) == 1, errors
   # Either the run saved at its step, or the watchdog named the last one.
@@ -102,7 +88,7 @@ def test_sigterm_while_saving_is_acted_on_within_5_s(procs, tmp_path):
   for line in proc.stdout:
     if line.startswith("step 10/20"):  # printed before its save
       break
-  seconds, errors = stop_and_time(proc, signal.SIGTERM)
+  seconds, errors = binaries.stop_and_time(proc, signal.SIGTERM)
   assert seconds < 5.0, seconds
   assert len(errors) == 1, errors
   # No checkpoint was completed: nothing may claim one.
