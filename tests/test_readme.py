@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 SOURCES = ("pyproject.toml", "README.md", "tf_interlock", "layers")
 
 
-def _blocks():
-  with open(os.path.join(ROOT, "README.md")) as f:
+def _blocks(name="README.md"):
+  with open(os.path.join(ROOT, name)) as f:
     return re.findall(r"```python\n(.*?)```", f.read(), re.S)
 
 
@@ -143,3 +143,15 @@ def test_readme_transformer_example_runs(installed, tmp_path):
   assert len(top5) == 2 and all(0 <= v <= 1 for v in top5), lines
   assert lines[-1] == "(2, 16, 32)"
   assert (out / "export" / "saved_model.pb").exists()
+
+
+def test_keras_doc_examples_run(installed, tmp_path):
+  """docs/keras.md's block: a frozen module, a metric list,
+  train_on_batch, a time budget and test_on_batch."""
+  (block,) = _blocks(os.path.join("docs", "keras.md"))
+  lines = _run(block, tmp_path, installed).splitlines()
+  assert lines[0] == str(["module_1/accuracy", "module_1/grad_norm",
+                          "module_1/loss",
+                          "module_1/sparse_top_k_categorical_accuracy"])
+  assert lines[1] == "True False"  # module 1 unchanged; budget not spent
+  assert 0.0 <= float(lines[2]) <= 1.0
