@@ -148,6 +148,17 @@ def test_fit_logs_are_each_epochs_step_means():
   assert history.history["accuracy"] == history.history["module_3/accuracy"]
 
 
+def test_fit_under_another_strategy_than_the_models_raises(mirrored):
+  x, y = data(num=2 * BATCH)
+  model = InterlockModel(
+      keras_split.from_keras(sequential_cnn(size=SIZE), 3), "2wise")
+  model.compile("sgd", steps_per_execution=1)
+  with mirrored.scope():
+    with pytest.raises(ValueError, match="strategy=MirroredStrategy"):
+      model.fit(x, y, batch_size=BATCH, verbose=0)
+  assert iterations(model) == [0, 0, 0]
+
+
 def test_fit_under_mirrored_strategy(mirrored):
   x, y = data(num=2 * BATCH)
   with mirrored.scope():

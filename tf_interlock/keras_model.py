@@ -312,6 +312,12 @@ class InterlockModel(keras.Model):
     if self.trainer is None:
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
+    if self.distribute_strategy is not self._distribute:
+      raise ValueError(
+          f"InterlockModel trains with the tf.distribute strategy it was "
+          f"created under (or given as distribute=); fit runs under "
+          f"another. Create the model under the strategy's scope. Received: "
+          f"strategy={type(self.distribute_strategy).__name__}")
     if class_weight is not None:
       raise ValueError(
           "InterlockModel.fit does not support class_weight; pass "
