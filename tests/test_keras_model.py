@@ -148,6 +148,17 @@ def test_fit_logs_are_each_epochs_step_means():
   assert history.history["accuracy"] == history.history["module_3/accuracy"]
 
 
+def test_fit_under_another_strategy_than_the_models_raises(mirrored):
+  x, y = data(num=2 * BATCH)
+  model = InterlockModel(
+      keras_split.from_keras(sequential_cnn(size=SIZE), 3), "2wise")
+  model.compile("sgd", steps_per_execution=1)
+  with mirrored.scope():
+    with pytest.raises(ValueError, match="strategy=MirroredStrategy"):
+      model.fit(x, y, batch_size=BATCH, verbose=0)
+  assert iterations(model) == [0, 0, 0]
+
+
 def test_fit_under_mirrored_strategy(mirrored):
   x, y = data(num=2 * BATCH)
   with mirrored.scope():
@@ -284,3 +295,23 @@ def test_e2e_fit_equals_plain_keras_fit(weighted):
                              rtol=1e-5)
   np.testing.assert_allclose(model.predict(x, verbose=0),
                              plain.predict(x, verbose=0), atol=1e-6)
+
+
+def test_each_epoch_runs_its_steps_with_a_callback_list_of_the_users():
+  # The epoch's step count comes from an on_epoch_begin callback that fit
+  # adds; a user's own CallbackList (which Keras uses as given) gets it too.
+  x, y = data(size=28)
+  model = cnn_model(size=28)
+  seen = []
+  callbacks = keras.callbacks.CallbackList(
+      [keras.callbacks.LambdaCallback(
+          on_epoch_end=lambda epoch, logs: seen.append(iterations(model)))],
+      add_history=True, model=model)
+  # 3 steps per epoch with 2 per call: calls of 2 and 1 steps.
+  model.fit(x[:24], y[:24], batch_size=BATCH, epochs=2, verbose=0,
+            callbacks=callbacks)
+  model.fit(x[:24], y[:24], batch_size=BATCH, epochs=1, verbose=0,
+            callbacks=callbacks)
+  assert seen == [[3, 3, 3], [6, 6, 6], [9, 9, 9]]
+  # The user's callback, Keras's History and the epoch callback, once.
+  assert len(callbacks.callbacks) == 3

@@ -244,9 +244,9 @@ class FitLogs:
   Each call's means go into the model's trackers
   weighted by the steps it ran, so a tracker holds the epoch's running mean
   (sum_calls steps_c * mean_c / sum_calls steps_c). Keras's `fit` resets
-  every tracker in `model.metrics` when an epoch begins (`reset_metrics`),
-  so the "loss" tracker's weight count is also the number of steps done
-  this epoch.
+  every tracker in `model.metrics` when an epoch begins (`reset_metrics`).
+  `steps_done` counts the steps run this epoch; `callback`, which
+  `InterlockModel.fit` adds to Keras's, zeroes it in `on_epoch_begin`.
 
   Names the evaluation also reports ("loss", "module_k/loss", ...) share
   its trackers; training-only ones ("module_k/grad_norm", with loss
@@ -256,8 +256,10 @@ class FitLogs:
 
   def __init__(self):
     self.steps_per_epoch = None
+    self.steps_done = 0
     self.extra = {}
     self._updaters = {}
+    self.callback = _EpochStart(self)
 
   def _updater(self, trackers):
     """One `tf.function` that adds a call's means to `trackers` (a list)
@@ -276,11 +278,11 @@ class FitLogs:
     """The callable `fit` calls with Keras's iterator; returns the logs."""
     def train_function(iterator):
       trackers = {m.name: m for m in model.metrics}
-      done = int(trackers["loss"].count.numpy())
       spe = model.steps_per_execution
       # The epoch's last call runs only the steps left, so an epoch is
       # exactly `steps_per_epoch` steps when spe does not divide it.
-      num = min(spe, self.steps_per_epoch - done)
+      num = min(spe, self.steps_per_epoch - self.steps_done)
+      self.steps_done += max(num, 0)
       # Each distinct step count traces (and optimises) its own unrolled
       # function, whose cost grows with the steps unrolled: the leftover
       # steps run as one-step calls, the smallest function to trace.
@@ -302,6 +304,40 @@ class FitLogs:
             tf.constant(counted, tf.float32))
       return dict(zip(keys, results))
     return train_function
+
+
+class _EpochStart(keras.callbacks.Callback):
+  """Zeroes `FitLogs.steps_done` when Keras begins an epoch."""
+
+  def __init__(self, fit_logs):
+    super().__init__()
+    self._fit_logs = fit_logs
+
+  def on_epoch_begin(self, epoch, logs=None):
+    del epoch, logs
+    self._fit_logs.steps_done = 0
+
+
+def with_callback(callbacks, callback):
+  """`callbacks` (None, a list or a Keras `CallbackList`) plus `callback`.
+
+  A list is copied; a `CallbackList` (which Keras's `fit` uses as given)
+  gets `callback` added to its public `callbacks` list, once.
+  """
+  if isinstance(callbacks, keras.callbacks.CallbackList):
+    if callback not in callbacks.callbacks:
+      callbacks.callbacks.append(callback)
+    return callbacks
+  return list(callbacks or []) + [callback]
+
+
+def logs_in_order(model, logs):
+  """`logs`'s values in `model.metrics` order, then the rest by name;
+  one value alone is returned as itself (Keras's `train_on_batch`)."""
+  names = [metric.name for metric in model.metrics]
+  values = ([logs[name] for name in names if name in logs] +
+            [logs[key] for key in sorted(logs) if key not in names])
+  return values[0] if len(values) == 1 else values
 
 
 def eval_trackers(modules, with_metric):

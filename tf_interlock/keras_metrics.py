@@ -19,6 +19,7 @@ not a mean of per-example values (AUC, Precision, ...) is refused.
 import keras
 import tensorflow as tf
 
+from tf_interlock import keras_private
 from tf_interlock import losses as losses_lib
 
 # Names Keras resolves to an accuracy; logged as "accuracy", as before.
@@ -51,7 +52,7 @@ def _one(metric):
   if isinstance(metric, keras.metrics.Metric):
     # A MeanMetricWrapper keeps its per-example function and its arguments
     # (e.g. k of a top-k accuracy).
-    fn = getattr(metric, "_fn", None)
+    fn, kwargs = keras_private.metric_function(metric)
     if fn is None:
       raise ValueError(
           f"InterlockModel reports each metric per exit as a mean of "
@@ -59,7 +60,6 @@ def _one(metric):
           f"MeanMetricWrapper metric such as SparseTopKCategoricalAccuracy, "
           f"a name, or a per-example callable). Received: "
           f"metrics={metric!r}")
-    kwargs = dict(getattr(metric, "_fn_kwargs", {}) or {})
     return metric.name, lambda y, p: fn(y, p, **kwargs)
   if callable(metric):
     return getattr(metric, "__name__", "metric"), metric

@@ -40,6 +40,7 @@ from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
 from tf_interlock import keras_fit
 from tf_interlock import keras_metrics
+from tf_interlock import keras_private
 from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
 from tf_interlock import placement as placement_lib
@@ -68,15 +69,18 @@ class InterlockModel(keras.Model):
 
   def __init__(self, modules, strategy="e2e", *, variant=None, placement=None,
                num_microbatches=1, distribute=None, **kwargs):
-    super().__init__(**kwargs)
+    distribute = distribute or tf.distribute.get_strategy()
+    # Keras's contract: a model created under a strategy's scope trains
+    # with that strategy (`model.distribute_strategy`).
+    with distribute.scope():
+      super().__init__(**kwargs)
     modules = list(modules)
     if not modules:
       raise ValueError("InterlockModel needs at least one module. "
                        "Received: modules=[]")
     self.interlock_modules = modules
     self.interlock_strategy = strategy_lib.parse_strategy(strategy, variant)
-    self._distribute = distribute or tf.distribute.get_strategy()
-    self._distribute_strategy = self._distribute
+    self._distribute = distribute
     if isinstance(placement, str):
       placement = placement_lib.make_placement(placement, len(modules),
                                                self._distribute)
@@ -90,6 +94,10 @@ class InterlockModel(keras.Model):
     self.trainer = None
     self._slots_built = False
     self._input_dtype = None
+    # Our own record of the built input shape (`get_build_config`).
+    self._input_shape = None
+    # The exit `predict_step` serves during one `predict` call.
+    self._predict_exit = None
     self._fit_logs = keras_fit.FitLogs()
     self._predict_functions = {}
 
@@ -130,7 +138,7 @@ class InterlockModel(keras.Model):
       raise ValueError("Build or fit the model before drawing it. "
                        "Received: built=False")
     return exits_lib.functional_graph(
-        self.interlock_modules, self._build_shapes_dict["input_shape"],
+        self.interlock_modules, self._input_shape,
         self._input_dtype or "float32", name=self.name)
 
   def _scope(self, k):
@@ -146,6 +154,7 @@ class InterlockModel(keras.Model):
     h = tf.zeros([1] + list(input_shape)[1:], dtype=dtype)
     with self._distribute.scope():
       exits_lib.build(self.interlock_modules, h, scope=self._scope)
+    self._input_shape = tuple(input_shape)
     self._build_trainer_slots(input_shape)
 
   def _build_trainer_slots(self, input_shape):
@@ -158,7 +167,7 @@ class InterlockModel(keras.Model):
   def get_build_config(self):
     if not self.built:
       return None
-    return {"input_shape": self._build_shapes_dict["input_shape"],
+    return {"input_shape": self._input_shape,
             "input_dtype": self._input_dtype or "float32"}
 
   def build_from_config(self, config):
@@ -248,14 +257,9 @@ class InterlockModel(keras.Model):
     self._metric_names = metric_names
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
-    locked = self._tracker.locked
-    self._tracker.unlock()
-    try:
+    with keras_private.unlocked_tracker(self):
       self._eval_trackers = keras_fit.eval_trackers(
           self.interlock_modules, metric_names)
-    finally:
-      if locked:
-        self._tracker.lock()
     # Not tracked: a Keras metric object in it would become the model's
     # state (and a locked, built model refuses new state).
     object.__setattr__(self, "_interlock_compile_config",
@@ -265,7 +269,7 @@ class InterlockModel(keras.Model):
       self._interlock_compile_config["jit_compile"] = jit_compile
     self._slots_built = False
     if self.built:
-      self._build_trainer_slots(self._build_shapes_dict["input_shape"])
+      self._build_trainer_slots(self._input_shape)
 
   def get_compile_config(self):
     if self.trainer is None or self._interlock_compile_config is None:
@@ -311,6 +315,12 @@ class InterlockModel(keras.Model):
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
     fit_arguments.check_fit(x, y, batch_size, kwargs)
+    if self.distribute_strategy is not self._distribute:
+      raise ValueError(
+          f"InterlockModel trains with the tf.distribute strategy it was "
+          f"created under (or given as distribute=); fit runs under "
+          f"another. Create the model under the strategy's scope. Received: "
+          f"strategy={type(self.distribute_strategy).__name__}")
     if class_weight is not None:
       raise ValueError(
           "InterlockModel.fit does not support class_weight; pass "
@@ -320,7 +330,7 @@ class InterlockModel(keras.Model):
         keras_fit.training_dataset(
             x, y, batch_size, shuffle, steps_per_epoch, validation_split,
             validation_data, sample_weight=sample_weight,
-            input_shape=(self._build_shapes_dict["input_shape"]
+            input_shape=(self._input_shape
                          if self.built else None)))
     if self.built and self._slots_built:
       # Built: only the input dtype is needed, and a batch read here would
@@ -331,6 +341,7 @@ class InterlockModel(keras.Model):
       features, _ = next(iter(dataset))
       self._ensure_built(features)
     self._fit_logs.steps_per_epoch = steps
+    callbacks = keras_fit.with_callback(callbacks, self._fit_logs.callback)
     kwargs.setdefault("validation_batch_size", batch_size)
     return super().fit(dataset, epochs=epochs, verbose=verbose,
                        callbacks=callbacks, shuffle=False,
@@ -375,15 +386,16 @@ class InterlockModel(keras.Model):
     self._ensure_built(next(iter(dataset))[0])
     self.reset_metrics()
     # FitLogs runs exactly the steps an epoch has left: here, one.
-    saved = self._fit_logs.steps_per_epoch
-    self._fit_logs.steps_per_epoch = 1
+    fit_logs = self._fit_logs
+    saved = fit_logs.steps_per_epoch, fit_logs.steps_done
+    fit_logs.steps_per_epoch, fit_logs.steps_done = 1, 0
     try:
       logs = self.make_train_function()(
           iter(self.trainer.distribute_dataset(dataset)))
     finally:
-      self._fit_logs.steps_per_epoch = saved
+      fit_logs.steps_per_epoch, fit_logs.steps_done = saved
     logs = {key: float(value) for key, value in logs.items()}
-    return logs if return_dict else self._flatten_metrics_in_order(logs)
+    return logs if return_dict else keras_fit.logs_in_order(self, logs)
 
   def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
     """Every exit's loss and metrics on one batch, as Keras's.
@@ -408,8 +420,6 @@ class InterlockModel(keras.Model):
   def predict_step(self, data):
     x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
     return self._forward(x, self._predict_exit, training=False)
-
-  _predict_exit = None
 
   def predict(self, x, batch_size=None, verbose="auto", steps=None,
               callbacks=None, exit=None):  # pylint: disable=redefined-builtin
@@ -448,7 +458,7 @@ class InterlockModel(keras.Model):
       raise ValueError("Build or fit the model before exporting it. "
                        "Received: built=False")
     kwargs.setdefault("owner", fit_arguments.export_owner(self))
-    shape = self._build_shapes_dict["input_shape"]
+    shape = self._input_shape
     spec = tf.TensorSpec([None] + list(shape)[1:],
                          self._input_dtype or "float32")
     return export_lib.export_saved_model(self.interlock_modules, spec,

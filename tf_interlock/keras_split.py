@@ -28,6 +28,7 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
+from tf_interlock import keras_private
 from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
@@ -114,7 +115,7 @@ def _from_config(config, custom_objects):
 def _layer_classes(model):
   """{class name: class} of every layer in `model`, nested ones included."""
   classes = {}
-  for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+  for layer in keras_private.flatten_layers(model):
     cls = layer.__class__
     classes[keras.saving.get_registered_name(cls)] = cls
     classes.setdefault(cls.__name__, cls)
@@ -132,9 +133,8 @@ def _graph(model):
   if not isinstance(model, keras.Model):
     raise TypeError(f"from_keras needs a keras.Sequential or a functional "
                     f"keras.Model. Received: model={model!r}")
-  graph = getattr(model, "_functional", None) if isinstance(
-      model, keras.Sequential) else model
-  if graph is None or not hasattr(graph, "_nodes"):
+  graph = keras_private.functional_graph(model)
+  if graph is None:
     raise ValueError(
         f"from_keras needs a model with a layer graph: a Sequential starting "
         f"with keras.Input(...) or a functional model (a subclassed model "
@@ -149,8 +149,8 @@ def _graph(model):
     if isinstance(layer, keras.layers.InputLayer):
       continue
     # Only this graph's nodes count: the same layer may also sit in others.
-    own = [node for i, node in enumerate(layer._inbound_nodes)
-           if f"{id(layer)}_ib-{i}" in graph._nodes]
+    own = [node for i, node in enumerate(keras_private.inbound_nodes(layer))
+           if keras_private.node_in_graph(graph, layer, i)]
     if len(own) != 1:
       raise ValueError(
           f"Layer {layer.name!r} is called {len(own)} times in the model "
@@ -236,7 +236,7 @@ def _segment_config(config, layers, start, stop, t_in, name):
     input_name = input_layers[0][0]
     inputs = [by_name[input_name]]
   else:
-    producer, _, tensor_index = t_in._keras_history
+    producer, _, tensor_index = keras_private.keras_history(t_in)
     old = _history(config, producer.name, tensor_index)
     input_name = f"{name}_input"
     inputs = [{
@@ -291,7 +291,7 @@ def layer_flops(layer, node=None):
   Returns:
     An int.
   """
-  node = node or layer._inbound_nodes[0]
+  node = node or keras_private.inbound_nodes(layer)[0]
   in_shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
   out_shape = tuple(node.output_tensors[0].shape)
   if hasattr(layer, "flops"):

@@ -15,6 +15,8 @@ with the model under their own names.
 
 import keras
 
+from tf_interlock import keras_private
+
 
 class ModuleOptimizers(keras.optimizers.Optimizer):
   """One Keras optimizer handle over the modules' optimizers.
@@ -30,7 +32,7 @@ class ModuleOptimizers(keras.optimizers.Optimizer):
   # Deliberately no super().__init__: the base class would create a step
   # counter and a learning rate variable that nothing updates.
   def __init__(self, trainer):  # pylint: disable=super-init-not-called
-    self._lock = False  # What the base's attribute check looks for.
+    keras_private.skip_optimizer_init(self)
     # A function, not an attribute holding the trainer: Keras's saving
     # walks attributes, and the optimizers are saved with the model already.
     self._get_trainer = lambda: trainer

@@ -14,6 +14,8 @@ import warnings
 
 import tensorflow as tf
 
+from tf_interlock import keras_private
+
 
 def _probe(op, found):
   """`op` wrapped to record its name when no input gets a gradient."""
@@ -47,14 +49,14 @@ def layers_without_gradient(body, x):
     graph to walk or its input shape is not static.
   """
   graph = getattr(body, "model", None)
-  if (not hasattr(graph, "_run_through_graph") or
+  if (not keras_private.can_run_through_graph(graph) or
       not x.shape.is_fully_defined()):
     return []
   found = []
 
   def run(sample):
-    return graph._run_through_graph(  # pylint: disable=protected-access
-        sample, operation_fn=lambda op: _probe(op, found))
+    return keras_private.run_through_graph(
+        graph, sample, lambda op: _probe(op, found))
   # Traced into a graph of its own, never run: only the tape's answers
   # (None or not) matter, and the training step's graph stays as it was.
   # (Not under tf.init_scope, which pauses every gradient tape.)
