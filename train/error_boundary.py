@@ -235,7 +235,12 @@ def _fail(line, hard_exit=False):
   stop_watchdog.note(said=True)  # the watchdog adds no line of its own
   print(f"error: {line}", file=sys.stderr, flush=True)
   if hard_exit == _STOPPED:
-    atexit._run_exitfuncs()  # pylint: disable=protected-access
+    if not stop_watchdog.running():
+      # A main called inside another program (a test): leave it by
+      # SystemExit, as any other fault; only a binary leaves at once.
+      hard_exit = False
+    else:
+      atexit._run_exitfuncs()  # pylint: disable=protected-access
   if hard_exit:
     _leave(1)
   logging.set_verbosity(logging.ERROR)

@@ -98,6 +98,11 @@ def start(interrupted):
     note(parent=int(parent))
 
 
+def running():
+  """Whether this process started a watchdog (a binary's own main did)."""
+  return _notes_fd is not None
+
+
 def note(**facts):
   """Tells the watchdog facts for its line (model_dir=, interrupted=, said=,
   workers=, timeout_s=); nothing when none runs."""
