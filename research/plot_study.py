@@ -9,7 +9,7 @@ regenerated without training anything:
 
   python -m research.plot_study \
       --studies=docs/results/study_fashion_mnist,docs/results/study_fortunes_lm \
-      --out=docs/results/study_vs_time.png
+      --png_out=docs/results/study_vs_time.png
 """
 
 import io
@@ -22,9 +22,11 @@ from absl import flags
 _STUDIES = flags.DEFINE_list(
     "studies", ["docs/results/study_fashion_mnist",
                 "docs/results/study_fortunes_lm"],
-    "Study folders, each holding a research.compare results.json.")
-_OUT = flags.DEFINE_string(
-    "out", "docs/results/study_vs_time.png", "The PNG to write.")
+    "Study folders, comma-separated, each holding a research.compare "
+    "results.json.")
+_PNG_OUT = flags.DEFINE_string(
+    "png_out", "docs/results/study_vs_time.png",
+    "Path of the PNG file to write (overwritten if it exists).")
 
 
 def load_study(folder):
@@ -105,9 +107,9 @@ def main(argv):
   del argv
   summaries = [load_study(folder) for folder in _STUDIES.value]
   png = draw(summaries)
-  with open(_OUT.value, "wb") as f:
+  with open(_PNG_OUT.value, "wb") as f:
     f.write(png)
-  print(f"wrote {_OUT.value} ({len(png)} bytes) from "
+  print(f"wrote {_PNG_OUT.value} ({len(png)} bytes) from "
         f"{', '.join(_STUDIES.value)}")
 
 

@@ -432,13 +432,15 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
     return _run_and_report(study, eval_points=eval_points, target=target,
                            plots=plots, cost_repeats=cost_repeats,
                            command=command, report_dir=report_dir,
-                           break_lock=break_lock)
+                           break_lock=break_lock, train=train,
+                           measure=measure, run_all=run_all, extra=extra)
   finally:
     study_owner.release_study_lock(lock)
 
 
 def _run_and_report(study, *, eval_points, target, plots, cost_repeats,
-                    command, report_dir, break_lock):
+                    command, report_dir, break_lock, train, measure, run_all,
+                    extra):
   """run_and_report while holding out_dir's lock."""
   owner = study_lib.check_study(study, cost_repeats, break_lock)
   study = dataclasses.replace(study, owner=study_owner.claim(study.out_dir,
