@@ -1,4 +1,5 @@
-"""The README's Python examples run as written, from an installed copy.
+"""The README's and docs/keras.md's Python examples run as written, from an
+installed copy.
 
 The library is installed with `pip install --target` from a copy of the
 project (so the checkout stays untouched), and each example runs in a
@@ -99,16 +100,17 @@ def test_another_layers_package_first_on_the_path_fails_in_one_line(
 
 def test_readme_has_the_trainer_and_the_keras_examples():
   blocks = _blocks()
-  assert len(blocks) == 3
-  for block in blocks:
+  assert len(blocks) == 2
+  lm, _ = _blocks(os.path.join("docs", "keras.md"))
+  for block in blocks + [lm]:
     # The public front door: no submodule imports in the examples.
     assert "import tf_interlock as ti" in block
     assert not re.search(r"from (tf_interlock|layers)\.", block)
   assert "ti.InterlockTrainer(" in blocks[0]
   assert "ti.from_keras(" in blocks[1] and ".fit(" in blocks[1]
   assert "summary()" in blocks[1] and "LearningRateScheduler" in blocks[1]
-  assert "MultiHeadAttention" in blocks[2] and "use_causal_mask" in blocks[2]
-  assert "ti.from_keras(lm" in blocks[2] and ".fit(" in blocks[2]
+  assert "MultiHeadAttention" in lm and "use_causal_mask" in lm
+  assert "ti.from_keras(lm" in lm and ".fit(" in lm
 
 
 def test_readme_trainer_example_runs(installed, tmp_path):
@@ -134,9 +136,9 @@ def test_readme_keras_example_runs(installed, tmp_path):
   assert any(out.joinpath("logs").rglob("*tfevents*"))
 
 
-def test_readme_transformer_example_runs(installed, tmp_path):
+def test_keras_doc_transformer_example_runs(installed, tmp_path):
   out = tmp_path / "lm"
-  code = _blocks()[2].replace('"/tmp/lm/', '"' + str(out) + "/")
+  code = _blocks(os.path.join("docs", "keras.md"))[0].replace('"/tmp/lm/', '"' + str(out) + "/")
   lines = _run(code, tmp_path, installed).splitlines()
   # Exit 1's top-5 accuracy per epoch, then its per-token logits.
   top5 = [float(v) for v in lines[-2].strip("[]").split(",")]
@@ -148,7 +150,7 @@ def test_readme_transformer_example_runs(installed, tmp_path):
 def test_keras_doc_examples_run(installed, tmp_path):
   """docs/keras.md's block: a frozen module, a metric list,
   train_on_batch, a time budget and test_on_batch."""
-  (block,) = _blocks(os.path.join("docs", "keras.md"))
+  _, block = _blocks(os.path.join("docs", "keras.md"))
   lines = _run(block, tmp_path, installed).splitlines()
   assert lines[0] == str(["module_1/accuracy", "module_1/grad_norm",
                           "module_1/loss",
