@@ -64,10 +64,14 @@ demo: setup data
 
 # MLP K = 4 on simulated devices vs plain Keras fit on all cores (its own
 # process); every strategy on the threading plan the schedule model picks.
+# Then the XLA table: each strategy (single and simulated placements) and
+# plain Keras, with and without jit_compile, interleaved per repeat.
 BENCH_OUT := docs/results/benchmark_mlp_k4_simulated
 benchmark: setup
 	$(PYTHON) -m research.benchmark --json_out=$(BENCH_OUT).json \
 	  > $(BENCH_OUT).txt.new
+	$(PYTHON) -m research.xla_benchmark --repeats=3 \
+	  --out=$(BENCH_OUT)_xla.json >> $(BENCH_OUT).txt.new
 	mv $(BENCH_OUT).txt.new $(BENCH_OUT).txt
 	cat $(BENCH_OUT).txt
 

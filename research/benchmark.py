@@ -24,7 +24,6 @@ other chosen plan (with e2e on it). --threads_per_device and
 """
 
 import json
-import os
 import sys
 
 from train import runtime_env  # noqa: F401  (before TensorFlow)
@@ -130,23 +129,6 @@ _HOST_REFERENCE = flags.DEFINE_bool(
 
 
 
-def check_json_out(path):
-  """--json_out must be writable at the end: refused now (a folder, a path
-  under a file, a missing folder), not after the whole run; an existing
-  file is named, since the run replaces it."""
-  parent = os.path.dirname(path) or "."
-  if tf.io.gfile.isdir(path):
-    raise ValueError(f"--json_out={path} is a directory; give a file path "
-                     f"(e.g. {os.path.join(path, 'benchmark.json')}). "
-                     f"Received: json_out={path!r}")
-  if not tf.io.gfile.isdir(parent):
-    raise ValueError(f"--json_out's folder {parent} does not exist (or is "
-                     f"a file); create it first. Received: json_out={path!r}")
-  if tf.io.gfile.exists(path):
-    print(f"warning: --json_out={path} exists; this run replaces it at the "
-          f"end", file=sys.stderr, flush=True)
-
-
 def validate():
   """One-line errors for bad flags, before anything runs."""
   check = config_lib.check_number
@@ -161,7 +143,7 @@ def validate():
                _LAYERS, _IMAGE, _CHANNELS, _REPETITIONS):
     check(flag.name, flag.value, minimum=1, integer=True)
   if _JSON_OUT.value and _ROLE.value == "main":
-    check_json_out(_JSON_OUT.value)
+    benchmark_lib.check_json_out(_JSON_OUT.value)
   for flag in (_CORES, _THREADS, _MODULES_PER_DEVICE):
     check(flag.name, flag.value, minimum=1, integer=True, allow_none=True)
   check("thread_efficiency", _EFFICIENCY.value, minimum=0, maximum=1)

@@ -507,3 +507,20 @@ def format_table(report):
             "median per step. fit ep: fit's epochs 2.. of steps_per_loop "
             "steps within one call (steady state), median per step."]
   return "\n".join(lines)
+
+
+def check_json_out(path, flag="json_out"):
+  """A report path (--json_out, --out) must be writable at the end: refused
+  now (a folder, a path under a file, a missing folder), not after the
+  whole run; an existing file is named, since the run replaces it."""
+  parent = os.path.dirname(path) or "."
+  if tf.io.gfile.isdir(path):
+    raise ValueError(f"--{flag}={path} is a directory; give a file path "
+                     f"(e.g. {os.path.join(path, 'benchmark.json')}). "
+                     f"Received: {flag}={path!r}")
+  if not tf.io.gfile.isdir(parent):
+    raise ValueError(f"--{flag}'s folder {parent} does not exist (or is "
+                     f"a file); create it first. Received: {flag}={path!r}")
+  if tf.io.gfile.exists(path):
+    print(f"warning: --{flag}={path} exists; this run replaces it at the "
+          f"end", file=sys.stderr, flush=True)

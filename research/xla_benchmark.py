@@ -141,6 +141,12 @@ def main(argv):
   if _ROLE.value != "main":
     print(json.dumps(child_report()))
     return
+  if _OUT.value:
+    try:
+      benchmark_lib.check_json_out(_OUT.value, "out")
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(1)
   report = main_report()
   print(format_table(report))
   if _OUT.value:

@@ -21,3 +21,14 @@ def test_json_out_is_refused_before_the_run(tmp_path, where, words):
   assert words in errors[0] and errors[0].endswith(
       f"Received: json_out={path!r}"), errors
   assert proc.stdout == ""  # nothing was measured
+
+
+def test_xla_benchmark_out_is_refused_before_the_run(tmp_path):
+  # make benchmark's second table: the same check, under its own flag name.
+  path = str(tmp_path / "no" / "x.json")
+  proc = run_binary("research.xla_benchmark", f"--out={path}", check=False)
+  errors = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1 and len(errors) == 1, errors
+  assert "does not exist (or is a file)" in errors[0] and errors[0].endswith(
+      f"Received: out={path!r}"), errors
+  assert proc.stdout == ""
