@@ -30,6 +30,7 @@ from tf_interlock.placements import tpu
 
 Placement = base.Placement
 register = base.register
+unregister = base.unregister
 names = base.names
 get = base.get
 same_device = base.same_device

@@ -42,6 +42,12 @@ def register(cls, kind=None):
   return cls
 
 
+def unregister(kind):
+  """Forgets the placement named `kind` (a test's own, say); returns its
+  class, or None when none was registered under that name."""
+  return _REGISTRY.pop(kind, None)
+
+
 def names():
   """The registered placement names, in registration order."""
   return tuple(_REGISTRY)
