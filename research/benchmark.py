@@ -135,8 +135,11 @@ def validate():
   config_lib.check_choice("model", _MODEL.value, ("mlp", "resnet", "lm"))
   config_lib.check_choice("resnet_aux_head", _RESNET_AUX.value,
                           ("authors", "pool"))
-  config_lib.check_choice("placement", _PLACEMENT.value,
-                          ("single", "simulated", "gpu"))
+  # The placements of one process that needs no cluster or TPU.
+  config_lib.check_choice("placement", _PLACEMENT.value, tuple(
+      name for name in placement_lib.names()
+      if not (placement_lib.get(name).needs_cluster or
+              placement_lib.get(name).needs_tpu)))
   config_lib.check_choice("role", _ROLE.value,
                           ("main", "worker", "baseline", "profile"))
   for flag in (_NUM_MODULES, _BATCH, _STEPS, _STEPS_PER_LOOP, _WIDTH,
@@ -326,7 +329,7 @@ def main_report():
   baseline = run_child(role="baseline") if _BASELINE.value else {}
   plain = baseline.get("plain_keras_step_s")
   results, runs_out = {}, []
-  if _PLACEMENT.value == "simulated":
+  if placement_lib.get(_PLACEMENT.value).splits_host_cpu:
     plans, runs = simulated_runs(strategies, cores)
     for plan, run in runs.items():
       rows = run["strategies"]
@@ -360,7 +363,7 @@ def main(argv):
       report = baseline_report()
     elif _ROLE.value in ("worker", "profile"):
       plan = None
-      if _PLACEMENT.value == "simulated":
+      if placement_lib.get(_PLACEMENT.value).splits_host_cpu:
         plan = threading_plan.make_plan(
             _NUM_MODULES.value,
             _NUM_MODULES.value // (_MODULES_PER_DEVICE.value or 1),

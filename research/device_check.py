@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from tf_interlock import placement as placement_lib
 from train import config as config_lib
 from train import error_boundary
 
@@ -101,7 +102,7 @@ def case_args(case, strategies):
   k = case["num_modules"]
   # One device per module, one intra-op thread each: no threading plan.
   plan = (["--threads_per_device=1", "--modules_per_device=1"]
-          if case["placement"] == "simulated" else [])
+          if placement_lib.get(case["placement"]).splits_host_cpu else [])
   return ["--json", "--model=mlp", f"--num_modules={k}",
           f"--placement={case['placement']}", f"--num_cores={k}", *plan,
           "--nofit", f"--width={width}", f"--batch_size={batch}",

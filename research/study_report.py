@@ -19,6 +19,7 @@ import platform
 import tensorflow as tf
 
 from tf_interlock import metric_names
+from tf_interlock import placement as placement_lib
 from tf_interlock import paths
 from step_model import projection
 from research import study_lib
@@ -170,6 +171,13 @@ def add_projection(summary, predicted, cores_here, target=None,
           "time_to_target_s": result["time_to_target_s"]}
 
 
+def _one_device_per_module(name):
+  """Whether the recorded placement gave each module its own device (one
+  core per module when op costs were measured)."""
+  return (name in placement_lib.names() and
+          placement_lib.get(name).one_device_per_module)
+
+
 def _ms(seconds):
   return f"{1e3 * seconds:.1f}"
 
@@ -267,7 +275,7 @@ def report_markdown(summary, reading=None):
       "first loop's tracing (compile) and every evaluation excluded and "
       "reported apart. Values are the mean over seeds, [min, max] in "
       "brackets.", ""]
-  if summary["module_costs"]["placement"] not in ("simulated", "gpu"):
+  if not _one_device_per_module(summary["module_costs"]["placement"]):
     lines += [f"**Op costs measured with placement="
               f"{summary['module_costs']['placement']}: an op may use "
               "several cores, so the model columns are not one core per "

@@ -184,9 +184,8 @@ def main(argv):
   spec = json.loads(_CELL.value)
   os.environ[user_study.IN_CELL] = spec["mode"]
   # Before the first tensor: the devices and thread pools of the placement.
-  if spec["placement"] == "simulated":
-    ti.placement.configure_simulated_devices(
-        spec["num_modules"], intra_op_threads=spec["threads_per_device"])
+  ti.placement.get(spec["placement"]).configure_devices(
+      spec["num_modules"], intra_op_threads=spec["threads_per_device"])
   try:
     model, train, evaluation = build(spec)
     if spec["mode"] == "costs":

@@ -73,8 +73,8 @@ def child_report():
   if _ROLE.value == "keras":
     return {"keras": benchmark_lib.run_plain_keras(spec, _JIT.value)}
   placement = _PLACEMENT.value
-  if placement == "simulated":  # before the TF runtime starts
-    placement_lib.configure_simulated_devices(_NUM_MODULES.value)
+  # Before the TF runtime starts: "simulated" splits the host CPU.
+  placement_lib.get(placement).configure_devices(_NUM_MODULES.value)
   times = {}
   for name in _STRATEGIES.value:
     _, seconds = benchmark_lib.run_strategy(

@@ -87,7 +87,7 @@ class InterlockModel(keras.Model):
     if placement is not None and not isinstance(placement,
                                                 placement_lib.Placement):
       raise ValueError(
-          f"placement must be None, one of {placement_lib.KINDS} or a "
+          f"placement must be None, one of {placement_lib.names()} or a "
           f"Placement. Received: placement={placement!r}")
     self.placement = placement
     self.num_microbatches = num_microbatches

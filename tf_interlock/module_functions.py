@@ -31,7 +31,7 @@ returned: tensors a layer keeps in `losses` belong to the function's own
 graph and cannot be read outside it.
 
 XLA (`jit_compile`, see `resolve_jit_compile` and docs/xla.md). A placement
-that puts modules on several devices (`DEPTHWISE_KINDS`) compiles each of
+that puts modules on several devices (`Placement.depthwise`) compiles each of
 these functions with XLA, on its module's device, and calls them whatever
 the number of calls: one XLA program per module and kind of work (body,
 update, gradient norm), so the modules still overlap. The body's VJPs come
@@ -45,18 +45,17 @@ import functools
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
-# Placements whose modules' bodies and updates are traced once: one process
-# under the default strategy. TPU (logical cores assigned while the replica
-# function is traced) and the cluster's remote devices keep the op-by-op
-# path they were written and checked with.
-TRACED_KINDS = ("single", "simulated", "gpu")
-
-# Placements whose per-module functions are each one XLA program under
-# `jit_compile`: one function may touch only its module's variables, on its
-# module's device (XLA refuses a resource on another device). "single"
-# compiles the whole replica step instead (`InterlockTrainer`), "tpu" is
-# compiled by `TPUStrategy.run` itself.
-DEPTHWISE_KINDS = ("simulated", "gpu", "cluster")
+# Which placements trace each module's body and update once is the
+# placement's `traced`: one process under the default strategy. TPU (logical
+# cores assigned while the replica function is traced) and the cluster's
+# remote devices keep the op-by-op path they were written and checked with.
+#
+# Which compile each per-module function as one XLA program under
+# `jit_compile` is its `depthwise`: one function may touch only its module's
+# variables, on its module's device (XLA refuses a resource on another
+# device). "single" compiles the whole replica step instead
+# (`compiles_replica_step`), "tpu" is compiled by `TPUStrategy.run` itself
+# (`always_xla`).
 
 JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 
@@ -113,8 +112,8 @@ class ModuleFunctions:
 
   Args:
     modules: the K `InterlockModule`s, in depth order.
-    placement: the `placement.Placement`; the work is traced only for
-      `TRACED_KINDS`.
+    placement: the `placement.Placement`; the work is traced only where
+      its `traced` is true.
 
   Attributes:
     traced: whether the functions may be traced at all (False: always op
@@ -129,7 +128,7 @@ class ModuleFunctions:
 
   def __init__(self, modules, placement):
     self.modules = list(modules)
-    self.traced = placement.kind in TRACED_KINDS
+    self.traced = placement.traced
     self.jit_compile = False
     self.calls = MIN_CALLS
     self.traces = collections.Counter()
@@ -175,17 +174,6 @@ def _body(module, x):
   return h, reg
 
 
-def _has_accelerator(placement):
-  """Whether the modules run on a non-CPU device (GPU or TPU)."""
-  if placement.kind == "tpu":
-    return True
-  if placement.devices is not None:
-    return any("CPU" not in tf.DeviceSpec.from_string(d).device_type.upper()
-               for d in placement.devices)
-  return any(d.device_type != "CPU"
-             for d in tf.config.list_physical_devices())
-
-
 def resolve_jit_compile(jit_compile, placement, distribute):
   """Whether a trainer compiles its step with XLA (True or False).
 
@@ -202,8 +190,9 @@ def resolve_jit_compile(jit_compile, placement, distribute):
     distribute: the trainer's `tf.distribute.Strategy`.
 
   Returns:
-    The resolved bool: always True for placement "tpu" (`TPUStrategy.run`
-    compiles every replica step with XLA).
+    The resolved bool: always True for a placement that runs only XLA
+    (`always_xla`: "tpu", whose `TPUStrategy.run` compiles every replica
+    step).
 
   Raises:
     ValueError: an unknown value, jit_compile=False with placement "tpu", or
@@ -213,8 +202,8 @@ def resolve_jit_compile(jit_compile, placement, distribute):
   if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
     raise ValueError(f"jit_compile must be {JIT_COMPILE_ALLOWED}. "
                      f"Received: jit_compile={jit_compile!r}")
-  if placement.kind == "tpu" or isinstance(distribute,
-                                           tf.distribute.TPUStrategy):
+  if placement.always_xla or isinstance(distribute,
+                                        tf.distribute.TPUStrategy):
     if jit_compile is False:
       raise ValueError(
           "A TPU runs only XLA programs: TPUStrategy.run compiles the "
@@ -232,6 +221,6 @@ def resolve_jit_compile(jit_compile, placement, distribute):
           f"'auto' (off here) or False. Received: jit_compile=True")
     return False
   if jit_compile == "auto":
-    return (_has_accelerator(placement)
+    return (placement.on_accelerator()
             and not tf_config.is_op_determinism_enabled())
   return jit_compile

@@ -57,8 +57,6 @@ def _instance_key(k):
                      f"collectives in one process. Received: traces={n + 1}")
   return _INSTANCE_KEY_BASE + k * _KEYS_PER_MODULE + n
 
-DEVICE_TYPES = {"simulated": "CPU", "gpu": "GPU"}
-
 
 class CollectiveReplicas:
   """This process is replica `replica_id` of `num_replicas` pipelines.
@@ -199,9 +197,11 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
     resolver: a `tf.distribute.cluster_resolver.ClusterResolver`; None reads
       TF_CONFIG.
     num_modules: K; module k goes on local device k.
-    kind: "simulated" (logical CPU k) or "gpu" (GPU k).
+    kind: a placement whose `replica_device_type` is set: "simulated"
+      (logical CPU k) or "gpu" (GPU k).
     timeout_s: see `CollectiveReplicas`.
-    intra_op_threads: "simulated": threads each op may use.
+    intra_op_threads: threads each op may use, where the placement splits
+      the host CPU ("simulated").
 
   Returns:
     `(replicas, placement, strategy)`: the `CollectiveReplicas`, the
@@ -213,10 +213,13 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
     ValueError: an unknown kind, a task that is not part of the cluster, or
       fewer local devices than modules.
   """
-  if kind not in DEVICE_TYPES:
+  allowed = tuple(name for name in placement_lib.names()
+                  if placement_lib.get(name).replica_device_type)
+  if kind not in allowed:
     raise ValueError(f"Replicas x modules places module k on local device "
-                     f"k: kind must be one of {tuple(DEVICE_TYPES)}. "
+                     f"k: kind must be one of {allowed}. "
                      f"Received: kind={kind!r}")
+  placement_cls = placement_lib.get(kind)
   resolver = resolver or (
       tf.distribute.cluster_resolver.TFConfigClusterResolver())
   tasks = _task_order(resolver.cluster_spec())
@@ -224,17 +227,16 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
   if me not in tasks:
     raise ValueError(f"This task is not in the cluster {tasks}. "
                      f"Received: task={me}")
-  if kind == "simulated":
-    try:
-      placement_lib.split_host_cpu(num_modules, intra_op_threads)
-    except RuntimeError as e:
-      raise RuntimeError(
-          f"replicas.connect must run before the TF runtime starts (before "
-          f"any tensor or device listing). Received: num_modules="
-          f"{num_modules}") from e
+  try:
+    placement_cls.prepare_runtime(num_modules, intra_op_threads)
+  except RuntimeError as e:
+    raise RuntimeError(
+        f"replicas.connect must run before the TF runtime starts (before "
+        f"any tensor or device listing). Received: num_modules="
+        f"{num_modules}") from e
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       cluster_resolver=resolver)
-  device_type = DEVICE_TYPES[kind]
+  device_type = placement_cls.replica_device_type
   devices = [f"/job:{me[0]}/replica:0/task:{me[1]}/device:"
              f"{device_type}:{k}" for k in range(num_modules)]
   found = [d.name for d in tf.config.list_logical_devices(device_type)]
@@ -245,4 +247,4 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
         f"Module k goes on local {device_type} device k, but this task "
         f"lacks {missing}. Received: num_modules={num_modules}")
   replicas = CollectiveReplicas(len(tasks), tasks.index(me), timeout_s)
-  return replicas, placement_lib.Placement(kind, devices), strategy
+  return replicas, placement_cls(devices=devices), strategy

@@ -142,21 +142,8 @@ class InterlockTrainer:
     self.placement = placement or placement_lib.make_placement(
         "single", len(self.modules), self.distribute)
     self.placement.check_modules(len(self.modules))
-    replicas = self.distribute.num_replicas_in_sync
-    if self.placement.kind in ("simulated", "gpu") and replicas > 1:
-      raise ValueError(
-          f"placement={self.placement.kind} puts module k on device k, but "
-          f"a strategy with {replicas} replicas creates every variable on "
-          f"its own devices. Use placement=single for data parallelism, or "
-          f"placement=tpu with a TPUStrategy for both. "
-          f"Received: placement={self.placement.kind}")
     self.float16 = _uses_float16(self.modules)
-    if self.float16 and (self.placement.kind == "tpu" or isinstance(
-        self.distribute, tf.distribute.TPUStrategy)):
-      raise ValueError(
-          "mixed_float16 is not supported on TPU: TPUs compute in "
-          "bfloat16, which needs no loss scaling; use mixed_bfloat16. "
-          "Received: policy=mixed_float16, placement=tpu")
+    self.placement.check_trainer(self.distribute, self.float16)
     if self.replicas is not None:
       self.replicas.check_trainer(self.distribute, self.float16)
     self.jit_compile = module_functions.resolve_jit_compile(
@@ -181,10 +168,9 @@ class InterlockTrainer:
     # on its own device, or one whole replica step on the one device (its
     # per-module functions then inline: XLA sees the whole step anyway).
     self._compile_step = False
-    if self.jit_compile and self.placement.kind in (
-        module_functions.DEPTHWISE_KINDS):
+    if self.jit_compile and self.placement.depthwise:
       self.step.functions.compile_each()
-    elif self.jit_compile and self.placement.kind == "single" and not (
+    elif self.jit_compile and self.placement.compiles_replica_step and not (
         isinstance(self.distribute, tf.distribute.TPUStrategy)):
       # (A TPUStrategy compiles its replica step itself.)
       self._compile_step = True

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from layers import resnet
 from tf_interlock import cluster as cluster_lib
+from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
 
 MODELS = ("resnet", "transformer", "mlp")
@@ -25,7 +26,9 @@ TEXT_DATASETS = ("fortunes", "lm1b", "text_files")
 SYNTHETIC = ("synthetic",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
-PLACEMENTS = ("single", "simulated", "gpu", "tpu", "cluster")
+# The built-in placements; --placement also takes any name a user registered
+# (`placement.register`) before the run.
+PLACEMENTS = placement_lib.KINDS
 PRECISIONS = ("float32", "bfloat16")
 JIT_COMPILE = ("auto", "true", "false")
 NAN_POLICIES = ("stop", "skip")
@@ -274,6 +277,12 @@ def fail(flag, value, allowed):
                    f"Received: {flag}={value!r}")
 
 
+def placement_of(config):
+  """The placement class --placement names (its name checked first)."""
+  check_choice("placement", config.placement, placement_lib.names())
+  return placement_lib.get(config.placement)
+
+
 def check_choice(flag, value, allowed):
   """Refuses a value outside `allowed` (a tuple of the accepted values)."""
   if value not in allowed:
@@ -356,7 +365,7 @@ def check_batch(config, num_replicas):
 def _check_choices(config):
   for field, allowed in (("model", MODELS), ("optimizer", OPTIMIZERS),
                          ("lr_schedule", SCHEDULES),
-                         ("placement", PLACEMENTS),
+                         ("placement", placement_lib.names()),
                          ("mixed_precision", PRECISIONS),
                          ("jit_compile", JIT_COMPILE),
                          ("on_nan", NAN_POLICIES),
@@ -395,13 +404,14 @@ def _check_numbers(config):
   for name in ("epochs", "time_budget_s"):
     check_positive(name, getattr(config, name), allow_none=True)
   check_positive("learning_rate", config.learning_rate)
-  if config.placement != "tpu":  # TPUStrategy's iterator is not counted
+  placement = placement_of(config)
+  if placement.loop_on_host:  # TPUStrategy's iterator is not counted
     check_number("steps_per_loop", config.steps_per_loop, minimum=1,
                  maximum=MAX_GET_NEXT_CALLS, integer=True)
   for name in ("threads_per_device", "modules_per_device"):
     value = getattr(config, name)
     check_number(name, value, minimum=0, integer=True)
-    if value != 1 and config.placement != "simulated":
+    if value != 1 and not placement.splits_host_cpu:
       fail(name, value, f"applies only to placement=simulated (placement="
            f"{config.placement} uses the devices as they are); leave it 1")
   if config.modules_per_device and (
@@ -472,7 +482,7 @@ def _check_cluster(config):
   check_positive("modules_per_worker", config.modules_per_worker,
                  integer=True)
   check_positive("cluster_timeout_s", config.cluster_timeout_s)
-  if config.placement != "cluster":
+  if not placement_of(config).needs_cluster:
     for name, unset in (("cluster", None), ("modules_per_worker", 1)):
       if getattr(config, name) != unset:
         fail(name, getattr(config, name), "applies only to "
@@ -552,11 +562,14 @@ def validate(config, num_replicas=1):
   _check_length(config)
   _check_split(config)
   check_batch(config, num_replicas)
-  if config.placement == "tpu" and not config.tpu:
-    fail("tpu", config.tpu, "placement=tpu needs --tpu (name or grpc://)")
-  if config.placement == "tpu" and config.jit_compile == "false":
-    fail("jit_compile", config.jit_compile, "placement=tpu always compiles "
-         "with XLA (a TPU runs only XLA programs); use auto or true")
+  placement = placement_of(config)
+  if placement.needs_tpu and not config.tpu:
+    fail("tpu", config.tpu, f"placement={config.placement} needs --tpu "
+         "(name or grpc://)")
+  if placement.always_xla and config.jit_compile == "false":
+    fail("jit_compile", config.jit_compile, f"placement={config.placement} "
+         "always compiles with XLA (a TPU runs only XLA programs); use auto "
+         "or true")
   _check_cluster(config)
   _check_directory("source_dir", config.source_dir, may_create=False)
   _check_directory("data_dir", config.data_dir, may_create=True)

@@ -10,7 +10,6 @@ import threading
 import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
-from tf_interlock import placement as placement_lib
 from train import config as config_lib
 from train import multi_worker
 from train import stop_watchdog
@@ -28,15 +27,17 @@ def num_replicas(config):
   (cores / K) is known once connected: None there, and `make_distribute`
   checks the batch then, still before anything is written.
   """
-  if config.placement == "tpu":
+  placement = config_lib.placement_of(config)
+  if not placement.loop_on_host:  # a TPU: replicas known once connected
     return None
   gpus = tf.config.list_physical_devices("GPU")
   if multi_worker.mode(config) == "replicas":
     return multi_worker.num_tasks()
   if multi_worker.mode(config) == "mirrored":
     return multi_worker.num_tasks() * max(1, len(gpus))
-  # make_distribute mirrors a "single" placement over every GPU.
-  return len(gpus) if config.placement == "single" and len(gpus) > 1 else 1
+  # make_distribute mirrors a data-parallel placement ("single") over every
+  # GPU.
+  return len(gpus) if placement.data_parallel and len(gpus) > 1 else 1
 
 
 def _unreachable(config, error):
@@ -115,7 +116,7 @@ def connect_cluster(config):
 
 def cluster_failure(config, error):
   """The one line naming the worker a runtime error came from, or None."""
-  if config.placement != "cluster":
+  if not config_lib.placement_of(config).needs_cluster:
     return None
   return cluster_lib.describe_failure(
       error, cluster_lib.cluster_spec(config.cluster))
@@ -132,25 +133,15 @@ def make_distribute(config):
       --batch_size when it does not divide over the TPU's replicas, or the
       workers of --cluster that did not come up.
   """
-  if config.placement == "cluster":
+  placement = config_lib.placement_of(config)
+  if placement.needs_cluster:
     connect_cluster(config)
-    return tf.distribute.get_strategy()
-  if config.placement == "tpu":
-    resolver = resolve_tpu(config)
-    try:
-      tf.config.experimental_connect_to_cluster(resolver)
-      topology = tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (OSError, RuntimeError, ValueError, tf.errors.OpError) as e:
-      _unreachable(config, e)
-    assignment = placement_lib.tpu_device_assignment(topology,
-                                                     config.num_modules)
-    distribute = tf.distribute.TPUStrategy(
-        resolver, experimental_device_assignment=assignment)
-    config_lib.check_batch(config, distribute.num_replicas_in_sync)
-    return distribute
   if multi_worker.mode(config) == "mirrored":
     return multi_worker.joined(config)[2]
-  gpus = tf.config.list_logical_devices("GPU")
-  if config.placement == "single" and len(gpus) > 1:
-    return tf.distribute.MirroredStrategy()
-  return tf.distribute.get_strategy()
+  resolver = resolve_tpu(config) if placement.needs_tpu else None
+  try:
+    distribute = placement.strategy(config.num_modules, resolver)
+  except ConnectionError as e:
+    _unreachable(config, e.__cause__ or e)
+  config_lib.check_batch(config, distribute.num_replicas_in_sync)
+  return distribute

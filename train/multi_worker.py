@@ -28,7 +28,9 @@ import tempfile
 
 import tensorflow as tf
 
+from tf_interlock import placement as placement_lib
 from tf_interlock import replicas as replicas_lib
+from train import config as config_lib
 
 _TEMP_PREFIX = "tf_interlock_task_"
 # The non-chief model_dirs `task_config` made in this process.
@@ -73,9 +75,10 @@ def mode(config):
   task = _tf_config().get("task") or {}
   if task.get("type") not in ("chief", "worker"):
     return None
-  if config.placement == "single":
+  placement = config_lib.placement_of(config)
+  if placement.data_parallel:
     return "mirrored"
-  if config.placement in replicas_lib.DEVICE_TYPES:
+  if placement.replica_device_type:
     return "replicas"
   return None
 
@@ -136,7 +139,8 @@ def join(config, intra_op_threads=1):
       # then fails the step instead of hanging every other task.
       _JOINED[job] = replicas_lib.connect(
           num_modules=num_modules, kind=kind, timeout_s=timeout_s,
-          intra_op_threads=intra_op_threads if kind == "simulated" else 1)
+          intra_op_threads=intra_op_threads
+          if placement_lib.get(kind).splits_host_cpu else 1)
   return _JOINED[job]
 
 

@@ -5,8 +5,6 @@ needs this machine: its replicas and GPUs, the TPU's name, the prepared
 data and the sizes of its splits.
 """
 
-import tensorflow as tf
-
 from tf_interlock.data import images
 from train import config as config_lib
 from train import datasets
@@ -35,13 +33,12 @@ def validate_for_run(config):
   # Counting a corpus's tokens runs TF ops, which start the runtime: the
   # process-wide settings come first (setup_runtime may run again later).
   runtime_setup.setup_runtime(config)
-  if config.placement == "tpu":
+  placement = config_lib.placement_of(config)
+  if placement.needs_tpu:
     distribution.resolve_tpu(config)
-  gpus = len(tf.config.list_physical_devices("GPU"))
-  if config.placement == "gpu" and gpus < config.num_modules:
-    config_lib.fail("placement", config.placement,
-                    f"one GPU per module (placement=gpu): "
-                    f"{config.num_modules} modules but {gpus} GPUs")
+  missing = placement.missing_devices(config.num_modules)
+  if missing:
+    config_lib.fail("placement", config.placement, missing)
   if config.dataset in config_lib.IMAGE_DATASETS:
     images.check_prepared_dataset(config.dataset, data_dir=config.data_dir,
                                   source_dir=config.source_dir)

@@ -9,15 +9,16 @@ import keras
 import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
-from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
 import step_model
+from train import config as config_lib
 from train import multi_worker
 
 
 def simulated_plan(config):
-  """The `ThreadingPlan` of a simulated placement: logical devices, threads
-  per op, and which device each module is on.
+  """The `ThreadingPlan` of a placement that splits the host CPU
+  (`splits_host_cpu`: "simulated"): logical devices, threads per op, and
+  which device each module is on.
 
   A field set to 0 is chosen by the schedule model from nominal module costs
   for this host's cores (`step_model.plan_for`); the default, 1 and 1,
@@ -37,11 +38,12 @@ def setup_runtime(config):
   A task of a multi-worker job (TF_CONFIG, see train/multi_worker.py) joins
   it first: collective ops must be configured before the runtime starts.
   """
-  plan = simulated_plan(config) if config.placement == "simulated" else None
+  placement = config_lib.placement_of(config)
+  plan = simulated_plan(config) if placement.splits_host_cpu else None
   joined = multi_worker.join(config, plan.threads_per_device if plan else 1)
   if plan and not joined:
-    placement_lib.configure_simulated_devices(
-        plan.num_devices, intra_op_threads=plan.threads_per_device)
+    placement.configure_devices(plan.num_devices,
+                                intra_op_threads=plan.threads_per_device)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(config.seed)
@@ -51,11 +53,12 @@ def setup_runtime(config):
 
 def module_devices(config):
   """Per module, the index of its device: the threading plan's logical CPU
-  (placement=simulated), its worker task t(k) (placement=cluster), else
-  None (module k on device k)."""
-  if config.placement == "simulated":
+  (a placement that splits the host CPU: simulated), its worker task t(k)
+  (one that needs a cluster), else None (module k on device k)."""
+  placement = config_lib.placement_of(config)
+  if placement.splits_host_cpu:
     return simulated_plan(config).module_devices
-  if config.placement == "cluster":
+  if placement.needs_cluster:
     spec = cluster_lib.cluster_spec(config.cluster)
     return cluster_lib.module_workers(
         config.num_modules, spec.num_tasks(cluster_lib.JOB),
