@@ -16,24 +16,38 @@ pytest's order.
 
 import os
 
-# Seconds of make test's tests per file (setup, call and teardown; one
-# file at a time, -n 0, on a loaded 2-core host: good for ranking only).
-# A file not named here counts DEFAULT_S. Rank again after a file gains
-# a binary run: `pytest -n 0 --durations=0 tests/test_x.py`.
+# CPU seconds of make test's tests per file (user + sys, subprocesses
+# included, less the 4 s of a pytest process's start-up; one file at a
+# time, -n 0, on a loaded 2-core host: good for ranking only). A file not
+# named here counts DEFAULT_S. Rank again after a file gains a binary run:
+# `/usr/bin/time -v pytest -n 0 tests/test_x.py`.
 COSTS_S = {
-    "test_reliability.py": 89,
-    "test_keras_habits.py": 71,
-    "test_user_study.py": 70,
-    "test_readme.py": 64,
-    "test_keras_user_models.py": 56,
-    "test_hostile_inputs.py": 50,
-    "test_checkpoint_safety.py": 46,
-    "test_train_threading.py": 46,
-    "test_flag_validation.py": 43,
-    "test_build_file.py": 37,
+    "test_module_functions.py": 68,
+    "test_xla.py": 42,
+    "test_keras_model.py": 42,
+    "test_readme.py": 40,
+    "test_user_study.py": 37,
+    "test_checkpoint_safety.py": 36,
+    "test_train_binaries.py": 35,
+    "test_reliability.py": 35,
+    "test_hostile_inputs.py": 28,
+    "test_keras_user_models.py": 26,
+    "test_trainer_distributed.py": 21,
+    "test_benchmark.py": 20,
+    "test_flag_validation.py": 19,
+    "test_train_threading.py": 17,
+    "test_keras_habits.py": 16,
     "test_export.py": 16,
-    "test_collapse_probe.py": 12,
-    "test_flag_help.py": 12,
+    "test_engine_equivalence.py": 12,
+    "test_trainer_checks.py": 11,
+    "test_resnet.py": 11,
+    "test_callbacks.py": 11,
+    "test_build_file.py": 10,
+    "test_ram_filesystem.py": 8,
+    "test_mixed_float16.py": 8,
+    "test_microbatch_embedding.py": 8,
+    "test_evaluation.py": 8,
+    "test_data_text.py": 8,
 }
 DEFAULT_S = 5
 
