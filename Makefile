@@ -20,7 +20,7 @@ $(STAMP): requirements.txt
 # train or research runs one floor (tests/floors.py). See docs/testing.md.
 WORKERS ?= 2
 FLOOR ?=
-XDIST := -n $(WORKERS) --dist loadfile
+XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 ONLY := $(if $(FLOOR),$(FLOOR) and ,)
 
 test: setup

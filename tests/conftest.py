@@ -15,6 +15,7 @@ import tensorflow as tf  # noqa: E402
 
 from tests import cluster_procs  # noqa: E402
 from tests import floors  # noqa: E402
+from tests import xdist_order  # noqa: E402
 
 NUM_TEST_DEVICES = 4
 
@@ -23,10 +24,13 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_TEST_DEVICES)
 
 
-def pytest_collection_modifyitems(items):
-  """Marks each test with its file's floor: library, train or research."""
+def pytest_collection_modifyitems(config, items):
+  """Marks each test with its file's floor: library, train or research;
+  in an xdist worker, puts the costliest files first (xdist_order.py)."""
   for item in items:
     item.add_marker(floors.floor_of(str(item.path)))
+  if hasattr(config, "workerinput"):
+    xdist_order.costliest_files_first(items)
 
 
 @pytest.fixture(scope="session")
@@ -44,12 +48,17 @@ def mirrored():
 @pytest.fixture(scope="session")
 def synthetic_run(tmp_path_factory):
   """A synthetic_mlp run of train.train for 10 steps (ckpt-10, its export),
-  trained once per pytest process; tests copy it before they touch it."""
+  trained once per pytest process; tests copy it before they touch it.
+
+  What the run printed is in the file `run + ".stdout"`, beside it."""
   from tests.binaries import run_binary  # pylint: disable=g-import-not-at-top
   run = str(tmp_path_factory.mktemp("synthetic") / "run")
-  run_binary("train.train", "--preset=synthetic_mlp", "--steps_per_loop=5",
-             "--checkpoint_every_steps=10", "--eval_every_steps=10",
-             "--train_steps=10", f"--model_dir={run}")
+  proc = run_binary("train.train", "--preset=synthetic_mlp",
+                    "--steps_per_loop=5", "--checkpoint_every_steps=10",
+                    "--eval_every_steps=10", "--train_steps=10",
+                    f"--model_dir={run}")
+  with open(run + ".stdout", "w", encoding="utf-8") as f:
+    f.write(proc.stdout)
   return run
 
 

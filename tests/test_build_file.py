@@ -25,14 +25,24 @@ def _write(root, files):
       f.write(textwrap.dedent(text))
 
 
-def _copy_of_checkout(tmp_path):
-  """Copies the checkout's Python files to tmp_path, with a fresh BUILD."""
+@pytest.fixture(scope="module")
+def fresh_checkout(tmp_path_factory):
+  """The checkout's Python files with a BUILD generated for them, made once
+  (gen_build reads the whole tree: seconds); tests copy it."""
+  root = tmp_path_factory.mktemp("checkout")
   for path in gen_build.find_python_files(gen_build.ROOT) + [".bazelignore"]:
-    os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
-    shutil.copy(os.path.join(gen_build.ROOT, path), tmp_path / path)
-  root = str(tmp_path)
-  assert gen_build.main(["gen_build.py", "--root", root]) == 0
+    os.makedirs(root / os.path.dirname(path), exist_ok=True)
+    shutil.copy(os.path.join(gen_build.ROOT, path), root / path)
+  assert gen_build.main(["gen_build.py", "--root", str(root)]) == 0
+  assert gen_build.check(str(root)) == []
   return root
+
+
+def _copy_of_checkout(fresh_checkout, tmp_path):
+  """A copy of the fresh checkout (its BUILD up to date) to change."""
+  root = tmp_path / "checkout"
+  shutil.copytree(fresh_checkout, root)
+  return str(root)
 
 
 def test_checked_in_build_file_is_up_to_date():
@@ -45,27 +55,29 @@ def test_checked_in_build_file_is_up_to_date():
 @pytest.mark.parametrize("new_file", [
     "tf_interlock/new_module.py", "layers/new_layer.py", "tests/test_new.py",
     "train/new_job.py"])
-def test_new_file_without_target_fails_the_check(tmp_path, new_file):
-  root = _copy_of_checkout(tmp_path)
-  assert gen_build.check(root) == []
+def test_new_file_without_target_fails_the_check(fresh_checkout, tmp_path,
+                                                 capsys, new_file):
+  root = _copy_of_checkout(fresh_checkout, tmp_path)
   _write(root, {new_file: '"""New."""\n'})
+  # `gen_build.py --check` (its main; the process is run above) exits 1
+  # and names each stale target.
+  capsys.readouterr()
+  assert gen_build.main(["gen_build.py", "--check", "--root", root]) == 1
+  lines = capsys.readouterr().err.splitlines()
+  assert lines[-1] == "gen_build: run `make build-file` to regenerate BUILD"
+  problems = [line.removeprefix("gen_build: ") for line in lines[:-1]]
+  assert f"{new_file}: no up-to-date target in BUILD" in problems
   # Tests that take a whole folder (as data, or every module of a package
   # by name) go stale with it; no library or binary target does.
-  problems = gen_build.check(root)
-  assert f"{new_file}: no up-to-date target in BUILD" in problems
   others = [p for p in problems if not p.startswith(new_file)]
   assert all(p.startswith("tests/test_") for p in others), problems
   if not new_file.startswith("tests/"):
     assert ("tests/test_import_direction.py: no up-to-date target in BUILD"
             in others)
-  result = subprocess.run(
-      [sys.executable, os.path.join(root, "tools", "gen_build.py"), "--check",
-       "--root", root], capture_output=True, text=True, check=False)
-  assert result.returncode == 1 and new_file in result.stderr
 
 
-def test_removed_file_leaves_stale_build(tmp_path):
-  root = _copy_of_checkout(tmp_path)
+def test_removed_file_leaves_stale_build(fresh_checkout, tmp_path):
+  root = _copy_of_checkout(fresh_checkout, tmp_path)
   os.remove(os.path.join(root, "tests", "test_routing.py"))
   with pytest.raises(gen_build.BuildError, match="test_routing.py"):
     gen_build.check(root)  # Its size entry in TEST_SIZES is now stale.

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests import procfs
 from tests.binaries import ROOT
 from tests.binaries import stop_and_time
 
@@ -43,42 +44,10 @@ def _training(compare, out_dir):
         if "step 10/" in f.read():
           break
     time.sleep(0.2)
-  trains = [pid for pid in _children(compare.pid) if "train.train" in
-            _cmdline(pid)]
+  trains = [pid for pid in procfs.children(compare.pid) if "train.train" in
+            procfs.cmdline(pid)]
   assert len(trains) == 1, trains
   return trains[0]
-
-
-def _children(pid):
-  """Every thread's children (compare starts its runs from a thread)."""
-  found = []
-  for task in os.listdir(f"/proc/{pid}/task"):
-    with open(f"/proc/{pid}/task/{task}/children", encoding="utf-8") as f:
-      found += [int(p) for p in f.read().split()]
-  return found
-
-
-def _cmdline(pid):
-  try:
-    with open(f"/proc/{pid}/cmdline", encoding="utf-8") as f:
-      return f.read().replace("\0", " ")
-  except OSError:
-    return ""
-
-
-def _alive(pid):
-  try:
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except FileNotFoundError:
-    return False
-
-
-def _gone_within(pid, seconds):
-  deadline = time.monotonic() + seconds
-  while _alive(pid) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  return not _alive(pid)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -98,7 +67,7 @@ def test_compare_forwards_the_signal_and_stops_within_5_s(tmp_path, signum):
   assert len(errors) == 1, errors
   name = signal.Signals(signum).name
   assert name in errors[0], errors
-  assert _gone_within(train, 1.0)  # gone with compare, not after it
+  assert procfs.gone_within(train, 1.0)  # gone with compare, not after it
   with open(os.path.join(out_dir, "logs", "e2e_seed_3.log"),
             encoding="utf-8") as f:
     assert name in f.read()  # train.train itself was told
@@ -112,4 +81,4 @@ def test_a_sigkilled_compare_leaves_no_orphan(tmp_path):
   compare.kill()
   compare.wait(timeout=60)
   # Its watchdog looks every second; then the grace of 2 s, then a kill.
-  assert _gone_within(train, 10.0), _cmdline(train)
+  assert procfs.gone_within(train, 10.0), procfs.cmdline(train)

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests import ast_scan
 from tests.binaries import ROOT
 from tf_interlock import keras_private
 
@@ -41,39 +42,6 @@ def _keras_private_names():
           if name.startswith("_") and not name.startswith("__")}
 
 
-def _files(root):
-  for package in SCANNED:
-    for folder, _, names in os.walk(os.path.join(root, package)):
-      for name in sorted(names):
-        if name.endswith(".py"):
-          path = os.path.join(folder, name)
-          with open(path, encoding="utf-8") as f:
-            yield os.path.relpath(path, root), ast.parse(f.read(), path)
-
-
-def _own_private_names(tree):
-  """Private names a file defines itself: defs, classes, attributes it
-  stores (`self._x = ...`), names it binds."""
-  names = set()
-  for node in ast.walk(tree):
-    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-      names.add(node.name)
-    elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-      names.add(node.attr)
-    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-      names.add(node.id)
-    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
-          node.func.id == "setattr" and len(node.args) > 1 and
-          isinstance(node.args[1], ast.Constant)):
-      names.add(node.args[1].value)
-    elif (isinstance(node, ast.Call) and
-          isinstance(node.func, ast.Attribute) and
-          node.func.attr == "__setattr__" and len(node.args) > 1 and
-          isinstance(node.args[1], ast.Constant)):
-      names.add(node.args[1].value)
-  return names
-
-
 def _named(node):
   """(name, how) for `x.name` and getattr/hasattr/setattr(x, "name")."""
   if isinstance(node, ast.Attribute):
@@ -90,8 +58,9 @@ def keras_private_reads(root, keras_names):
   """'path:line: name' for each Keras private name used outside the
   adapter. A known name always counts; any other private name of Keras's
   objects counts unless our packages define it themselves."""
-  files = [(path, tree) for path, tree in _files(root) if path != ADAPTER]
-  ours = set().union(*(_own_private_names(tree) for _, tree in files))
+  files = [(path, tree) for path, tree in ast_scan.parsed_files(root, SCANNED)
+           if path != ADAPTER]
+  ours = set().union(*(ast_scan.defined_names(tree) for _, tree in files))
   flagged = set(KNOWN_KERAS_PRIVATE) | (set(keras_names) - ours)
   found = []
   for path, tree in files:

@@ -56,8 +56,10 @@ def _calls(graph, device):
           if op.type.endswith("PartitionedCall") and op.device.endswith(device)]
 
 
+# Steps 2 and 4, M 1 and 2: the traces do not grow with either. (A loop of
+# 8 steps of 2 microbatches showed the same at twice the graph of (4, 2).)
 @pytest.mark.parametrize("steps_per_loop,microbatches", [(4, 1), (2, 2),
-                                                        (8, 2)])
+                                                        (4, 2)])
 def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
                                                     microbatches):
   trainer, iterator = _trainer(steps_per_loop, microbatches=microbatches)

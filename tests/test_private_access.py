@@ -22,40 +22,17 @@ import os
 
 import pytest
 
+from tests import ast_scan
 from tests.binaries import ROOT
 
 PACKAGES = ("layers", "tf_interlock", "step_model", "train", "research")
 
 
-def _is_private(name):
-  return name.startswith("_") and not (
-      name.startswith("__") and name.endswith("__"))
-
-
-def _files(root, package):
-  for folder, _, names in os.walk(os.path.join(root, package)):
-    for name in sorted(names):
-      if name.endswith(".py"):
-        path = os.path.join(folder, name)
-        with open(path, encoding="utf-8") as f:
-          yield os.path.relpath(path, root), ast.parse(f.read(), path)
-
-
 def _defined_private_names(tree):
   """Private names a file defines: defs, classes, assigned names and
-  attributes (`self._x = ...`)."""
-  names = set()
-  for node in ast.walk(tree):
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                         ast.ClassDef)):
-      names.add(node.name)
-    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-      names.add(node.id)
-    elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-      names.add(node.attr)
-    elif isinstance(node, ast.arg):
-      names.add(node.arg)
-  return {name for name in names if _is_private(name)}
+  attributes (`self._x = ...`), parameters."""
+  return {name for name in ast_scan.defined_names(tree)
+          if ast_scan.is_private(name)}
 
 
 def _foreign_bindings(tree, own):
@@ -83,7 +60,8 @@ def _root_name(node):
 
 def private_reads(root):
   """'path:line: what' for each read of another package's private name."""
-  trees = {package: list(_files(root, package)) for package in PACKAGES
+  trees = {package: list(ast_scan.parsed_files(root, [package]))
+           for package in PACKAGES
            if os.path.isdir(os.path.join(root, package))}
   defined = {package: set().union(*(_defined_private_names(tree)
                                     for _, tree in files))
@@ -98,8 +76,9 @@ def private_reads(root):
         if isinstance(node, ast.ImportFrom) and node.module and (
             node.module.split(".")[0] in set(PACKAGES) - {own}):
           found += [f"{path}:{node.lineno}: imports {node.module}.{a.name}"
-                    for a in node.names if _is_private(a.name)]
-        if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                    for a in node.names if ast_scan.is_private(a.name)]
+        if not (isinstance(node, ast.Attribute) and
+                ast_scan.is_private(node.attr)):
           continue
         root_name = _root_name(node.value)
         if root_name in bound:

@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tests import hold
+from tests import refusals
 from tests.binaries import ROOT, run_binary, tree_digest
 from train import config as config_lib
 from train import flags_lib
@@ -90,13 +91,62 @@ def test_bad_inputs_fail_cleanly_and_write_nothing(tmp_path):
     assert not model_dir.exists(), flags
 
 
-def test_other_architecture_in_model_dir_is_refused(trained, tmp_path):
+def _case_other_architecture(trained, tmp_path):
   model_dir = _copy(trained, tmp_path)
-  before = sorted(os.listdir(model_dir))
-  proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-                    "--train_steps=10", "--mlp_width=64", check=False)
-  assert proc.returncode != 0
-  assert "mlp_width=256" in proc.stderr and "mlp_width=64" in proc.stderr
+  return [*SYNTH, f"--model_dir={model_dir}", "--train_steps=10",
+          "--mlp_width=64"], (model_dir, sorted(os.listdir(model_dir)))
+
+
+def _case_corrupt_checkpoint(trained, tmp_path):
+  model_dir = _copy(trained, tmp_path)
+  ckpt_dir = os.path.join(model_dir, "checkpoints")
+  data = [f for f in os.listdir(ckpt_dir) if f.startswith("ckpt-10.data")][0]
+  path = os.path.join(ckpt_dir, data)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+  snapshot = {f: os.path.getsize(os.path.join(ckpt_dir, f))
+              for f in os.listdir(ckpt_dir)}
+  return [*SYNTH, f"--model_dir={model_dir}", "--train_steps=20"], (
+      ckpt_dir, snapshot)
+
+
+def _case_truncated_data(unused_trained, tmp_path):
+  source = tmp_path / "idx"
+  source.mkdir()
+  # A labels file whose header promises 100 labels but holds 10.
+  header = np.array([0x00000801, 100], dtype=">u4").tobytes()
+  (source / "train-labels-idx1-ubyte").write_bytes(header + bytes(10))
+  images = np.array([0x00000803, 100, 28, 28], dtype=">u4").tobytes()
+  (source / "train-images-idx3-ubyte").write_bytes(images + bytes(784 * 100))
+  for stem in ("t10k-labels-idx1-ubyte", "t10k-images-idx3-ubyte"):
+    shutil.copy(source / stem.replace("t10k", "train"), source / stem)
+  return ["--preset=fashion_mnist_resnet", f"--source_dir={source}",
+          f"--data_dir={tmp_path}/tfds", f"--model_dir={tmp_path}/run",
+          "--placement=single"], tmp_path
+
+
+REFUSED = {name[len("_case_"):]: fn for name, fn in globals().items()
+           if name.startswith("_case_")}
+
+
+@pytest.fixture(scope="module")
+def refused(synthetic_run, tmp_path_factory):
+  """{case: (its train.train result {"code", "stderr"}, what its _case_
+  function returned)}: the refusals of REFUSED through train.train's main
+  and error boundary, all in one process (tests.refusals)."""
+  cases = {name: setup(synthetic_run, tmp_path_factory.mktemp(name))
+           for name, setup in REFUSED.items()}
+  results = refusals.run("train.train", [flags for flags, _ in
+                                         cases.values()])
+  return {name: (result, kept) for (name, (_, kept)), result in zip(
+      cases.items(), results)}
+
+
+def test_other_architecture_in_model_dir_is_refused(refused):
+  result, (model_dir, before) = refused["other_architecture"]
+  assert result["code"] != 0
+  assert "mlp_width=256" in result["stderr"]
+  assert "mlp_width=64" in result["stderr"]
   assert sorted(os.listdir(model_dir)) == before
 
 
@@ -180,20 +230,12 @@ def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path):
   assert skip.returncode != 0 and "non-finite" in skip.stderr
 
 
-def test_corrupt_checkpoint_is_reported_and_kept(trained, tmp_path):
-  model_dir = _copy(trained, tmp_path)
-  ckpt_dir = os.path.join(model_dir, "checkpoints")
-  data = [f for f in os.listdir(ckpt_dir) if f.startswith("ckpt-10.data")][0]
-  path = os.path.join(ckpt_dir, data)
-  with open(path, "r+b") as f:
-    f.truncate(os.path.getsize(path) // 2)
-  snapshot = {f: os.path.getsize(os.path.join(ckpt_dir, f))
-              for f in os.listdir(ckpt_dir)}
-  proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-                    "--train_steps=20", check=False)
-  assert proc.returncode != 0
-  assert "cannot restore checkpoint" in proc.stderr and "ckpt-10" in proc.stderr
-  assert "it is corrupt" in proc.stderr and "Traceback" not in proc.stderr
+def test_corrupt_checkpoint_is_reported_and_kept(refused):
+  result, (ckpt_dir, snapshot) = refused["corrupt_checkpoint"]
+  assert result["code"] != 0
+  err = result["stderr"]
+  assert "cannot restore checkpoint" in err and "ckpt-10" in err
+  assert "it is corrupt" in err and "Traceback" not in err
   assert {f: os.path.getsize(os.path.join(ckpt_dir, f))
           for f in os.listdir(ckpt_dir)} == snapshot
 
@@ -209,22 +251,10 @@ def test_broken_export_is_reported(trained, tmp_path):
   assert "variables" in last and str(broken) in last
 
 
-def test_truncated_data_file_is_reported(tmp_path):
-  source = tmp_path / "idx"
-  source.mkdir()
-  # A labels file whose header promises 100 labels but holds 10.
-  header = np.array([0x00000801, 100], dtype=">u4").tobytes()
-  (source / "train-labels-idx1-ubyte").write_bytes(header + bytes(10))
-  images = np.array([0x00000803, 100, 28, 28], dtype=">u4").tobytes()
-  (source / "train-images-idx3-ubyte").write_bytes(images + bytes(784 * 100))
-  for stem in ("t10k-labels-idx1-ubyte", "t10k-images-idx3-ubyte"):
-    shutil.copy(source / stem.replace("t10k", "train"), source / stem)
-  proc = run_binary("train.train", "--preset=fashion_mnist_resnet",
-                    f"--source_dir={source}", f"--data_dir={tmp_path}/tfds",
-                    f"--model_dir={tmp_path}/run", "--placement=single",
-                    check=False)
-  assert proc.returncode != 0
-  last = proc.stderr.strip().splitlines()[-1]
+def test_truncated_data_file_is_reported(refused):
+  result, tmp_path = refused["truncated_data"]
+  assert result["code"] != 0
+  last = result["stderr"].strip().splitlines()[-1]
   assert "train-labels-idx1-ubyte" in last
   assert not (tmp_path / "run").exists()
 

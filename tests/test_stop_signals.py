@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tests import binaries
 from tests import cluster_procs
+from tests import procfs
 from train import stop_watchdog
 
 TT = ["--preset=synthetic_mlp", "--steps_per_loop=10",
@@ -130,29 +131,12 @@ def test_watchdog_leaves_with_its_binary():
       env=cluster_procs.env(), stdout=subprocess.PIPE, text=True)
   try:
     pid = int(proc.stdout.readline())
-    children = _children(pid)
+    children = procfs.children(pid)
     assert len(children) == 1, children
     proc.kill()
     proc.wait(timeout=30)
-    watchdog = children[0]
-    deadline = time.monotonic() + 30
-    while _alive(watchdog) and time.monotonic() < deadline:
-      time.sleep(0.05)
-    assert not _alive(watchdog)
+    assert procfs.gone_within(children[0], 30)
   finally:
     proc.kill()
     proc.stdout.close()
 
-
-def _children(pid):
-  with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
-    return [int(p) for p in f.read().split()]
-
-
-def _alive(pid):
-  """True while `pid` runs (a zombie, exited but not yet reaped, is not)."""
-  try:
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except FileNotFoundError:
-    return False

@@ -85,17 +85,18 @@ MODELS = {"mlp": _mlp, "resnet": _resnet, "transformer": _transformer,
           "from_keras": _from_keras}
 
 # (model, K, strategy, variant, M, precision, placement). M = 4 and the
-# mixed-precision cells go with the small models: the file must run in
-# under 2 minutes on a 2-core host. (ResNet under mixed_bfloat16 with M = 4
+# mixed-precision cells go with the small models, and 3-wise (K = 3) with
+# the MLP: the Transformer at K = 3 under 3-wise took twice the time of its
+# K = 2 e2e cell. The file must run in under 2 minutes on a 2-core host. (ResNet under mixed_bfloat16 with M = 4
 # and the "sum" variant, the Transformer under mixed_bfloat16 and the MLP
 # under mixed_float16 with M = 4 also passed, at up to 5x the CPU time.)
 CELLS = [
-    ("mlp", 3, "e2e", None, 1, "float32", "single"),
+    ("mlp", 3, "3wise", None, 1, "float32", "single"),
     ("mlp", 2, "local", None, 4, "mixed_bfloat16", "simulated"),
     ("from_keras", 2, "e2e", None, 1, "float32", "simulated"),
     ("from_keras", 2, "2wise", "sum", 1, "mixed_float16", "simulated"),
     ("resnet", 2, "2wise", None, 1, "float32", "single"),
-    ("transformer", 3, "3wise", None, 1, "float32", "simulated"),
+    ("transformer", 2, "e2e", None, 1, "float32", "simulated"),
 ]
 
 
