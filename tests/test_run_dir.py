@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 
 from tf_interlock import paths
-from tf_interlock.run_dir import RunDir
-from tf_interlock.run_lock import RunLock
+from train import run_dir
+from train.run_dir import RunDir
+from train.run_lock import RunLock
 
 
 @pytest.fixture(params=["local", "ram"])
@@ -41,8 +42,8 @@ def _checkpoints(run, *steps, pointer=True):
 def test_paths_of_urls_stay_urls():
   assert paths.normalize("gs://b/x/../y/") == "gs://b/y"
   assert paths.parent("ram://a/b") == "ram://a"
-  assert paths.is_within("gs://b/run/export", "gs://b/run")
-  assert not paths.is_within("gs://b/run2", "gs://b/run")
+  assert run_dir.is_within("gs://b/run/export", "gs://b/run")
+  assert not run_dir.is_within("gs://b/run2", "gs://b/run")
   assert paths.normalize("rel") == os.path.abspath("rel")
 
 
