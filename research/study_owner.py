@@ -61,10 +61,7 @@ def study_owner(out_dir):
       unreadable.
   """
   out_dir = paths.normalize(out_dir)
-  blocker = paths.file_above(out_dir)
-  if blocker is not None:
-    raise ValueError(f"--out_dir={out_dir} is or lies under the file "
-                     f"{blocker}. {_received(out_dir)}")
+  owned_dir.check_folder_path(out_dir, "--out_dir")
   marker = owned_dir.read_json(paths.join(out_dir, STUDY_MARKER))
   if marker is None:
     return None

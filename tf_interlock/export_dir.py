@@ -80,13 +80,7 @@ def check_export_target(export_dir, owner=None, name="export_dir"):
   """
   export_dir = paths.normalize(export_dir)
   received = f"Received: {name.lstrip('-')}={export_dir!r}"
-  blocker = paths.file_above(export_dir)
-  if blocker == export_dir:
-    raise ValueError(f"{name}={export_dir} is a file, not a directory; pick "
-                     f"a new directory. {received}")
-  if blocker is not None:
-    raise ValueError(f"{name}={export_dir} lies under the file {blocker}; "
-                     f"pick a directory path. {received}")
+  owned_dir.check_folder_path(export_dir, name)
   if not tf.io.gfile.exists(export_dir):
     return
   marker = read_marker(export_dir)

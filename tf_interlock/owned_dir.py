@@ -56,6 +56,26 @@ def read_json(path):
   return value if isinstance(value, dict) else {}
 
 
+def check_folder_path(folder, name):
+  """Raises unless a folder can be at `folder`: it is no file, and lies
+  under none (which would give a deep NotADirectoryError later).
+
+  Args:
+    folder: a normalized local path or URL.
+    name: the flag that set it, e.g. "--export_dir", for the message.
+
+  Raises:
+    ValueError: naming the path and the file in the way.
+  """
+  blocker = paths.file_above(folder)
+  where = ("is a file, not a directory; pick a new directory"
+           if blocker == folder else
+           f"lies under the file {blocker}; pick a directory path")
+  if blocker is not None:
+    raise ValueError(f"{name}={folder} {where}. Received: "
+                     f"{name.lstrip('-')}={folder!r}")
+
+
 def read_marker(folder, marker):
   """The marker file `marker` of `folder` as a dict, or None (absent or
   unreadable: no marker of ours)."""

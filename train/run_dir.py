@@ -125,7 +125,7 @@ class RunDir:
     """Raises if model_dir or one of its known entries has the wrong type,
     or if model_dir cannot be reached (a gs:// bucket with no network)."""
     try:  # the binaries' first access to the run directory
-      blocker = paths.file_above(self.path)
+      owned_dir.check_folder_path(self.path, self.name)
     except tf.errors.NotFoundError:
       raise
     except tf.errors.OpError as e:
@@ -133,12 +133,6 @@ class RunDir:
       raise ValueError(f"{self.name}={self.path}: cannot reach it "
                        f"({type(e).__name__}: {status[0].strip()})"
                        ) from None
-    if blocker == self.path:
-      raise ValueError(f"{self.name}={self.path} is a file, not a "
-                       f"directory. {self._received}")
-    if blocker is not None:
-      raise ValueError(f"{self.name}={self.path} lies under the file "
-                       f"{blocker}. {self._received}")
     # (The export target is checked by `check_export_dir`.)
     for entry, want_dir in ((CHECKPOINTS, True), (TRAIN_LOGS, True),
                             (EVAL_LOGS, True), (CONFIG, False),
