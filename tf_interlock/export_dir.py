@@ -133,7 +133,7 @@ def remove_stale(export_dir, owner):
   for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
     if tf.io.gfile.isdir(path) and (
         not tf.io.gfile.listdir(path) or _owned(path, owner)):
-      remove_marked(path)
+      owned_dir.remove_marked(path, MARKER)
 
 
 def _replace_dir(new_dir, export_dir, old_dir):
@@ -169,12 +169,7 @@ def _replace_dir(new_dir, export_dir, old_dir):
         f"export_dir={export_dir} changed during the export: it now holds "
         f"entries the earlier export did not write ({', '.join(late[:3])}); "
         f"nothing was replaced. Received: export_dir={export_dir!r}")
-  remove_marked(old_dir)
-
-
-def remove_marked(directory):
-  """Deletes an export directory, its marker last (`owned_dir`)."""
-  owned_dir.remove_marked(directory, MARKER)
+  owned_dir.remove_marked(old_dir, MARKER)
 
 
 def write_owned(export_dir, write, *, owner=None, metadata=None):

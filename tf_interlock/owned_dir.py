@@ -38,22 +38,35 @@ import tensorflow as tf
 from tf_interlock import paths
 
 
-def read_json(path):
-  """The JSON object at `path`: None when absent, {} when unreadable.
+def load_json(path):
+  """The JSON object at `path`, or ValueError saying why it is none.
 
-  A FIFO (whose read would block forever), a socket, a device, a folder,
-  bad JSON or a JSON value that is not an object all count as unreadable.
+  A FIFO (whose read would block forever), a socket or a device is refused
+  unread; a missing file, bad JSON or a JSON value that is not an object is
+  "not a readable JSON object".
   """
-  if not tf.io.gfile.exists(path):
-    return None
-  if paths.special_kind(path) is not None:
-    return {}
+  kind = paths.special_kind(path)
+  if kind is not None:
+    raise ValueError(f"is {kind}, not a regular file")
   try:
     with tf.io.gfile.GFile(path, "rb") as f:
       value = json.loads(f.read().decode("utf-8"))
-  except (ValueError, tf.errors.OpError):
+    if not isinstance(value, dict):
+      raise ValueError("not a JSON object")
+  except (ValueError, tf.errors.OpError) as e:
+    reason = (str(e).splitlines() or [""])[0][:100]
+    raise ValueError(f"is not a readable JSON object ({reason})") from None
+  return value
+
+
+def read_json(path):
+  """The JSON object at `path`: None when absent, {} when unreadable."""
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    return load_json(path)
+  except ValueError:
     return {}
-  return value if isinstance(value, dict) else {}
 
 
 def check_folder_path(folder, name):

@@ -15,7 +15,6 @@ model_dir may be a local folder, gs:// or ram://. Only the binaries
 the two path checks only they make, `is_within` and `check_literal`.
 """
 
-import json
 import os
 import re
 import time
@@ -177,28 +176,12 @@ class RunDir:
                        f"would overwrite or delete it; nothing was changed: "
                        f"pick a folder outside it. {self._received}")
 
-  def _check_regular(self, path):
-    """Raises unless `path` is a regular file (or missing): a FIFO would
-    block the read forever."""
-    kind = paths.special_kind(path)
-    if kind is not None:
-      raise ValueError(f"{path} is {kind}, not a regular file; nothing was "
-                       f"changed: replace it with the run's file or move it "
-                       f"away. {self._received}")
-
   def _read_json(self, path):
-    self._check_regular(path)
     try:
-      with tf.io.gfile.GFile(path, "rb") as f:
-        value = json.loads(f.read().decode("utf-8"))
-      if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    except (ValueError, tf.errors.OpError) as e:
-      reason = (str(e).splitlines() or [""])[0][:100]
-      raise ValueError(f"{path} is not a readable JSON object ({reason}); "
-                       f"nothing was changed: repair or move it. "
-                       f"{self._received}") from None
-    return value
+      return owned_dir.load_json(path)
+    except ValueError as e:
+      raise ValueError(f"{path} {e}; nothing was changed: repair, replace "
+                       f"or move it away. {self._received}") from None
 
   def _write_atomic(self, path, text):
     """Writes `text` to `path` atomically, making the run folder if needed."""
