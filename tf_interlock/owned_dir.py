@@ -21,7 +21,11 @@ The rules, the same for all of them:
    overwritten: of two processes creating it one gets False.
 4. Deleting removes the marker last (`remove_marked`), so a deletion
    killed midway leaves a folder that is still recognisably ours, and the
-   next run of the same owner finishes it.
+   next run of the same owner finishes it. Such leftovers are removed only
+   by their owner: an export's `.<name>.tmp-*`/`.old-*` siblings
+   (`export_dir.remove_stale`), a run's `ckpt-N_temp` folders
+   (`RunDir.remove_unfinished_checkpoints`), a dead holder's lock (taken
+   over by `RunLock.acquire`).
 5. While a process writes a folder it holds the folder's lock
    (`train.run_lock`: an OS flock plus a token in lock.json or
    compare_lock.json). Only the binaries take locks, so the lock lives
