@@ -22,7 +22,7 @@ from absl import flags
 import tensorflow as tf
 
 from tf_interlock import exits
-from tf_interlock.run_dir import RunDir
+from train.run_dir import RunDir
 from step_model import representation
 from train import config as config_lib
 from train import datasets

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing import event_file_loader
 import tensorflow as tf
 
 from tf_interlock import metric_names
-from tf_interlock import run_dir
+from train import run_dir
 
 
 def read_scalars(event_dir):

@@ -4,8 +4,9 @@ A study's out_dir holds its run folders out_dir/<strategy>/seed_<seed>, each
 a `train.train` model_dir, plus logs and reports. An unfinished run is
 restarted from scratch (a clean training clock), which deletes what is in
 its folder; a user's own run, or one from another study, in the same place
-must never be deleted. So, as `tf_interlock.export` does for exports, every
-folder compare creates carries a marker naming its owner:
+must never be deleted. So every folder compare creates is an owned folder
+(`tf_interlock.owned_dir`, the scheme exports and run directories follow
+too), with a marker naming its owner:
 
 * out_dir/compare_study.json: {"owner": <study id>}, written when compare
   claims a new or empty out_dir; a non-empty out_dir without it is refused.
@@ -15,22 +16,22 @@ folder compare creates carries a marker naming its owner:
 A run folder is reused (finished) or restarted (unfinished) only when its
 marker names this study and the same (strategy, seed); anything else is
 refused in one line naming the folder, before anything is written. A
-restart also takes the run's lock (`tf_interlock.run_lock`, the lock that
+restart also takes the run's lock (`train.run_lock`, the lock that
 `train.train` holds while it trains), so a live process in the folder is
 refused, naming it, and its lock and checkpoints stay where they are.
 """
 
-import json
-import os
+import contextlib
 import re
 import time
 import uuid
 
 import tensorflow as tf
 
+from tf_interlock import owned_dir
 from tf_interlock import paths
-from tf_interlock import run_dir as run_dir_lib
-from tf_interlock.run_lock import RunLock
+from train import run_dir as run_dir_lib
+from train import run_lock
 
 STUDY_MARKER = "compare_study.json"
 # out_dir's lock: one research.compare at a time (see `study_lock`).
@@ -38,7 +39,7 @@ STUDY_LOCK = "compare_lock.json"
 RUN_MARKER = "compare_run.json"
 # A run folder's state, as far as compare is concerned.
 NEW, FINISHED, UNFINISHED = "new", "finished", "unfinished"
-# What train.train (tf_interlock.run_dir's layout) and compare (study_lib's
+# What train.train (train.run_dir's layout) and compare (study_lib's
 # RESULT_FILE, COSTS_FILE) write into a run folder: a restart deletes these
 # and refuses if anything else is there.
 _WRITTEN = frozenset((run_dir_lib.CONFIG, run_dir_lib.RUN_INFO,
@@ -46,31 +47,6 @@ _WRITTEN = frozenset((run_dir_lib.CONFIG, run_dir_lib.RUN_INFO,
                       run_dir_lib.EVAL_LOGS, run_dir_lib.EXPORT,
                       "result.json", "module_costs.json"))
 _MOVE_AWAY = "nothing was changed: move it away or pick a new --out_dir"
-
-
-def _read_marker(path):
-  """The JSON object at `path`; None when absent, {} when unreadable (a
-  FIFO, whose read would block, counts as unreadable)."""
-  if not tf.io.gfile.exists(path):
-    return None
-  if paths.special_kind(path) is not None:
-    return {}
-  try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      value = json.loads(f.read().decode("utf-8"))
-  except (ValueError, tf.errors.OpError):
-    return {}
-  return value if isinstance(value, dict) else {}
-
-
-def _create_json(path, value):
-  """Writes a new file at `path`; False if one appeared there meanwhile."""
-  try:
-    paths.write_atomic(path, json.dumps(value, indent=2, sort_keys=True),
-                       overwrite=False)
-  except tf.errors.AlreadyExistsError:
-    return False
-  return True
 
 
 def _received(out_dir):
@@ -85,11 +61,8 @@ def study_owner(out_dir):
       unreadable.
   """
   out_dir = paths.normalize(out_dir)
-  blocker = paths.file_above(out_dir)
-  if blocker is not None:
-    raise ValueError(f"--out_dir={out_dir} is or lies under the file "
-                     f"{blocker}. {_received(out_dir)}")
-  marker = _read_marker(paths.join(out_dir, STUDY_MARKER))
+  owned_dir.check_folder_path(out_dir, "--out_dir")
+  marker = owned_dir.read_json(paths.join(out_dir, STUDY_MARKER))
   if marker is None:
     return None
   if not isinstance(marker.get("owner"), str):
@@ -111,38 +84,21 @@ def check_unclaimed(out_dir, owner):
         f"directory. {_received(out_dir)}")
 
 
+@contextlib.contextmanager
 def study_lock(out_dir, break_lock=False):
-  """Takes out_dir's lock (STUDY_LOCK) for one compare at a time; the lock.
+  """Holds out_dir's lock (STUDY_LOCK): one compare at a time.
 
   A second compare started into the same out_dir is refused in one line
-  before it writes anything. out_dir is made for the lock when missing;
-  `release_study_lock` removes it again if nothing else was written.
+  before it writes anything. out_dir is made for the lock when missing,
+  and removed again on the way out if nothing else was written.
 
   Raises:
     ValueError: naming the live compare that holds out_dir.
   """
   out_dir = paths.normalize(out_dir)
-  made = not tf.io.gfile.exists(out_dir)
-  tf.io.gfile.makedirs(out_dir)
-  lock = RunLock(paths.join(out_dir, STUDY_LOCK))
-  try:
-    lock.acquire(break_lock)
-  except ValueError as e:
-    raise ValueError(f"--out_dir={out_dir} is in use by another "
-                     f"research.compare: {e}") from None
-  lock.made_dir = made
-  return lock
-
-
-def release_study_lock(lock):
-  """Releases `study_lock`'s lock; removes out_dir if it made it empty."""
-  lock.release()
-  folder = os.path.dirname(lock.path)
-  if lock.made_dir and not tf.io.gfile.listdir(folder):
-    try:
-      os.rmdir(folder)
-    except OSError:
-      pass  # not a local folder, or something appeared in it
+  with run_lock.held(out_dir, STUDY_LOCK, break_lock, refused=(
+      f"--out_dir={out_dir} is in use by another research.compare: ")):
+    yield
 
 
 def claim(out_dir, owner):
@@ -150,25 +106,23 @@ def claim(out_dir, owner):
   if owner is not None:
     return owner
   out_dir = paths.normalize(out_dir)
-  tf.io.gfile.makedirs(out_dir)
   owner = uuid.uuid4().hex
-  if not _create_json(paths.join(out_dir, STUDY_MARKER),
-                      {"owner": owner, "made_by": "research.compare",
-                       "created": time.time()}):
+  if not owned_dir.create_marker(out_dir, STUDY_MARKER, {
+      "owner": owner, "made_by": "research.compare",
+      "created": time.time()}):
     raise ValueError(f"another research.compare claimed --out_dir={out_dir} "
                      f"just now; nothing was changed. {_received(out_dir)}")
   return owner
 
 
 def _owns_run(run_dir, owner, strategy, seed):
-  marker = _read_marker(paths.join(run_dir, RUN_MARKER)) or {}
-  return owner is not None and (marker.get("owner"), marker.get(
-      "strategy"), marker.get("seed")) == (owner, strategy, seed)
+  return owned_dir.names(owned_dir.read_marker(run_dir, RUN_MARKER),
+                         owner=owner, strategy=strategy, seed=seed)
 
 
 def _holder(run_dir):
   """', in use by pid P on host H (its lock.json)' if a lock names one."""
-  lock = _read_marker(paths.join(run_dir, run_dir_lib.LOCK))
+  lock = owned_dir.read_json(paths.join(run_dir, run_dir_lib.LOCK))
   if not lock or "pid" not in lock:
     return ""
   return (f", in use by pid {lock.get('pid')} on host {lock.get('host')} "
@@ -207,20 +161,14 @@ def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
   return UNFINISHED
 
 
-def _lock(run_dir):
-  return RunLock(paths.join(run_dir, run_dir_lib.LOCK),
-                 break_flag="--break_lock")
-
-
 def check_not_in_use(run_dir, break_lock=False):
   """Raises ValueError naming the holder if a live process holds run_dir.
 
   Takes the run's lock and gives it back: a lock left by a dead process is
   taken over (with a warning) and so removed; a live one is left alone.
   """
-  lock = _lock(run_dir)
-  lock.acquire(break_lock=break_lock)
-  lock.release()
+  with run_lock.held(run_dir, run_dir_lib.LOCK, break_lock):
+    pass
 
 
 def _ours(entry):
@@ -248,35 +196,23 @@ def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
       to be this study's, or it holds files neither train.train nor compare
       writes; nothing was deleted then.
   """
-  created = not tf.io.gfile.exists(run_dir)
-  tf.io.gfile.makedirs(run_dir)
-  lock = _lock(run_dir)
-  try:
-    lock.acquire(break_lock=break_lock)
+  with run_lock.held(run_dir, run_dir_lib.LOCK, break_lock):
     entries = [e.rstrip("/") for e in tf.io.gfile.listdir(run_dir)]
     if _owns_run(run_dir, owner, strategy, seed):
-      foreign = sorted(e for e in entries
-                       if e not in (run_dir_lib.LOCK, RUN_MARKER)
-                       and not _ours(e))
+      keep = (run_dir_lib.LOCK, RUN_MARKER)
+      foreign = owned_dir.foreign_entries(
+          run_dir, lambda entry: entry in keep or _ours(entry))
       if foreign:
         raise ValueError(
             f"{run_dir} holds files that neither train.train nor "
             f"research.compare writes ({', '.join(foreign)}); {_MOVE_AWAY}. "
             f"{_received(out_dir)}")
-      for entry in entries:
-        if entry not in (run_dir_lib.LOCK, RUN_MARKER):
-          path = paths.join(run_dir, entry)
-          (tf.io.gfile.rmtree if tf.io.gfile.isdir(path)
-           else tf.io.gfile.remove)(path)
-    elif not (entries == [run_dir_lib.LOCK] and _create_json(
-        paths.join(run_dir, RUN_MARKER),
+      owned_dir.clear(run_dir, keep)
+    elif not (entries == [run_dir_lib.LOCK] and owned_dir.create_marker(
+        run_dir, RUN_MARKER,
         {"owner": owner, "strategy": strategy, "seed": seed})):
       # Someone else's files arrived since the checks: leave them.
       raise ValueError(
           f"{run_dir} holds a run that this research.compare study did not "
           f"make (no {RUN_MARKER} naming it); {_MOVE_AWAY}. "
           f"{_received(out_dir)}")
-  finally:
-    lock.release()
-    if created and not tf.io.gfile.listdir(run_dir):
-      tf.io.gfile.rmtree(run_dir)  # made here, for nothing

@@ -435,15 +435,12 @@ def run_and_report(study, *, eval_points, target, plots, cost_repeats,
     ValueError: before anything is written, when out_dir holds what this
       study did not make or cannot reuse (`study_lib.check_study`).
   """
-  lock = study_owner.study_lock(study.out_dir, break_lock)
-  try:
+  with study_owner.study_lock(study.out_dir, break_lock):
     return _run_and_report(study, eval_points=eval_points, target=target,
                            plots=plots, cost_repeats=cost_repeats,
                            command=command, report_dir=report_dir,
                            break_lock=break_lock, train=train,
                            measure=measure, run_all=run_all, extra=extra)
-  finally:
-    study_owner.release_study_lock(lock)
 
 
 def _run_and_report(study, *, eval_points, target, plots, cost_repeats,

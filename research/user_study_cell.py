@@ -34,10 +34,9 @@ import tensorflow as tf
 
 import tf_interlock as ti
 from tf_interlock import metric_names
-from tf_interlock import paths
 from step_model import profiling
-from tf_interlock import run_dir as run_dir_lib
-from tf_interlock.run_lock import RunLock
+from train import run_dir as run_dir_lib
+from train import run_lock
 from research import study_clock
 from research import study_store
 from research import user_study
@@ -191,8 +190,7 @@ def main(argv):
     if spec["mode"] == "costs":
       result = costs(spec, model, train)
     else:
-      with RunLock(paths.join(spec["model_dir"], run_dir_lib.LOCK)) as lock:
-        lock.acquire()
+      with run_lock.held(spec["model_dir"], run_dir_lib.LOCK) as lock:
         result = run(spec, model, train, evaluation, lock)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)

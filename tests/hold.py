@@ -4,7 +4,7 @@ r"""Runs a binary held at a known point, so a test's signal lands there.
 
 runs `python -m MODULE FLAG ...` (its own `main`, error boundary and all)
 with one change: once the N-th call of TARGET (a dotted name such as
-`tf_interlock.run_lock.RunLock.acquire`) has returned, the process writes
+`train.run_lock.RunLock.acquire`) has returned, the process writes
 the file READY and waits there. It waits until a signal's exception
 unwinds it (SIGINT, or SIGTERM through `train.error_boundary`), or until
 the file READY + ".go" appears; then it carries on as the binary would.

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tests.binaries import ROOT, run_binary, tree_digest
 from tf_interlock import export_dir as export_dir_lib
-from tf_interlock import run_lock
+from train import run_lock
 from train import config as config_lib
 from train import error_boundary
 from train import run_io

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tests.binaries import ROOT, tree_digest
-from tf_interlock.run_lock import RunLock
+from train.run_lock import RunLock
 from research import study_lib
 from research import study_owner
 from research import study_report

@@ -149,7 +149,7 @@ def test_a_run_is_summarized_in_todays_names(tmp_path, final, exit_1):
   # research.study_clock reads a run's TensorBoard events: today's tags and
   # those of runs written before the "module_k" scheme give the same result.
   from research import study_clock  # pylint: disable=import-outside-toplevel
-  from tf_interlock import run_dir  # pylint: disable=import-outside-toplevel
+  from train import run_dir  # pylint: disable=import-outside-toplevel
   run = run_dir.RunDir(str(tmp_path))
   with tf.summary.create_file_writer(run.train_log_dir).as_default():
     for step in (10, 20):

@@ -28,8 +28,8 @@ import tensorflow as tf
 
 from tests import hold
 from tests.binaries import ROOT, run_binary
-from tf_interlock import run_lock
-from tf_interlock.run_dir import RunDir
+from train import run_lock
+from train.run_dir import RunDir
 from train import config as config_lib
 from train import error_boundary
 from train import train_lib
@@ -347,7 +347,7 @@ def test_a_signal_while_tracing_is_one_line_and_releases_the_lock(tmp_path):
   run = tmp_path / "run"
   ready = tmp_path / "held"
   proc = subprocess.Popen(
-      hold.command(ready, "tf_interlock.run_lock.RunLock.acquire", 1,
+      hold.command(ready, "train.run_lock.RunLock.acquire", 1,
                    "train.train", *SYNTH, "--train_steps=20",
                    f"--model_dir={run}"), cwd=ROOT, env=_env(),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from tf_interlock.run_dir import RunDir
+from train.run_dir import RunDir
 from train import config as config_lib
 from train import multi_worker
 

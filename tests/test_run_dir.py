@@ -11,9 +11,12 @@ import uuid
 import pytest
 import tensorflow as tf
 
+from tf_interlock import owned_dir
 from tf_interlock import paths
-from tf_interlock.run_dir import RunDir
-from tf_interlock.run_lock import RunLock
+from train import run_dir
+from train import run_lock
+from train.run_dir import RunDir
+from train.run_lock import RunLock
 
 
 @pytest.fixture(params=["local", "ram"])
@@ -41,8 +44,8 @@ def _checkpoints(run, *steps, pointer=True):
 def test_paths_of_urls_stay_urls():
   assert paths.normalize("gs://b/x/../y/") == "gs://b/y"
   assert paths.parent("ram://a/b") == "ram://a"
-  assert paths.is_within("gs://b/run/export", "gs://b/run")
-  assert not paths.is_within("gs://b/run2", "gs://b/run")
+  assert run_dir.is_within("gs://b/run/export", "gs://b/run")
+  assert not run_dir.is_within("gs://b/run2", "gs://b/run")
   assert paths.normalize("rel") == os.path.abspath("rel")
 
 
@@ -192,3 +195,40 @@ def test_lock_is_exclusive_and_released_only_by_its_holder(root):
   _write(path, b"\x00garbage")
   with pytest.raises(ValueError, match="lock.json is unreadable"):
     RunLock(path).acquire()
+
+
+def test_held_removes_only_a_folder_it_made_for_the_lock(root):
+  folder = paths.join(root, "new")
+  with run_lock.held(folder) as lock:
+    assert lock.held and tf.io.gfile.listdir(folder) == ["lock.json"]
+  assert not tf.io.gfile.exists(folder)  # made for the lock only
+  with run_lock.held(folder):
+    _write(paths.join(folder, "notes.txt"), b"mine")
+  assert tf.io.gfile.listdir(folder) == ["notes.txt"]
+  _holder(paths.join(folder, "lock.json"), host="elsewhere")
+  with pytest.raises(ValueError, match=r"^busy: the run directory is in use "
+                     r"by pid 1 on host elsewhere"):
+    with run_lock.held(folder, refused="busy: "):
+      pass
+  assert sorted(tf.io.gfile.listdir(folder)) == ["lock.json", "notes.txt"]
+
+
+def test_an_owned_folder_is_ours_only_by_its_marker(root):
+  folder = paths.join(root, "owned")
+  assert owned_dir.create_marker(folder, "m.json", {"owner": "a", "seed": 0})
+  assert not owned_dir.create_marker(folder, "m.json", {"owner": "b"})
+  marker = owned_dir.read_marker(folder, "m.json")
+  assert owned_dir.names(marker, owner="a", seed=0)
+  assert not owned_dir.names(marker, owner="a", seed=1)
+  # An owner not known yet owns nothing, even a marker without an owner.
+  assert not owned_dir.names({"seed": 0}, owner=None, seed=0)
+  _write(paths.join(folder, "sub", "ours.txt"))
+  _write(paths.join(folder, "notes.txt"))
+  ours = {"m.json", "sub", "sub/ours.txt"}.__contains__
+  assert owned_dir.foreign_entries(folder, ours, recursive=True) == [
+      "notes.txt"]
+  _write(paths.join(folder, "bad.json"), b"[1]")
+  assert owned_dir.read_json(paths.join(folder, "bad.json")) == {}
+  assert owned_dir.read_marker(folder, "bad.json") is None
+  owned_dir.remove_marked(folder, "m.json")
+  assert not tf.io.gfile.exists(folder)

@@ -1,7 +1,8 @@
 """Who owns an export directory, and how an export replaces it safely.
 
-Never lose what we did not write: each export carries a marker file,
-`interlock_export.json`, naming its owner (a training run's id) and listing
+Never lose what we did not write: an export is an owned folder
+(`tf_interlock.owned_dir`, the project's one ownership scheme). Its marker,
+`interlock_export.json`, names its owner (a training run's id) and lists
 every file the export wrote. An existing export directory is replaced only
 when it is empty, or its marker names the same owner and it holds nothing
 but the listed files (say, a run someone started inside it); anything else
@@ -18,11 +19,11 @@ left aside, puts back) what it left. Every file operation goes through
 """
 
 import json
-import os
 import uuid
 
 import tensorflow as tf
 
+from tf_interlock import owned_dir
 from tf_interlock import paths
 
 MARKER = "interlock_export.json"
@@ -35,25 +36,7 @@ _SAVED_MODEL_ENTRIES = frozenset({
 
 def read_marker(export_dir):
   """The marker of an export: {"owner": ..., ...}, or None if absent/bad."""
-  path = paths.join(os.fspath(export_dir), MARKER)
-  if paths.special_kind(path) is not None:
-    return None  # a FIFO would block the read: no marker of ours
-  try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      marker = json.loads(f.read().decode("utf-8"))
-  except (tf.errors.OpError, ValueError):
-    return None
-  return marker if isinstance(marker, dict) else None
-
-
-def _files(directory):
-  """Every file and folder under `directory`, as sorted relative paths."""
-  found = []
-  for root, dirs, files in tf.io.gfile.walk(directory):
-    rel = root[len(directory):].strip("/")
-    found.extend(paths.join(rel, name.rstrip("/")) if rel else
-                 name.rstrip("/") for name in list(dirs) + list(files))
-  return sorted(found)
+  return owned_dir.read_marker(export_dir, MARKER)
 
 
 def foreign_entries(directory, marker):
@@ -67,17 +50,17 @@ def foreign_entries(directory, marker):
     Sorted relative paths; [] when everything there is the export's.
   """
   if isinstance(marker.get("files"), list):
-    return sorted(set(_files(directory)) - set(marker["files"]))
-  return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(directory)
-                if name.rstrip("/") not in _SAVED_MODEL_ENTRIES)
+    return owned_dir.foreign_entries(
+        directory, set(marker["files"]).__contains__, recursive=True)
+  return owned_dir.foreign_entries(directory,
+                                   _SAVED_MODEL_ENTRIES.__contains__)
 
 
 def _owned(directory, owner):
   """True if `directory` is an export of `owner` (a non-None id) holding
   only what that export wrote."""
   marker = read_marker(directory)
-  return (owner is not None and marker is not None and
-          marker.get("owner") == owner and
+  return (owned_dir.names(marker, owner=owner) and
           not foreign_entries(directory, marker))
 
 
@@ -97,19 +80,12 @@ def check_export_target(export_dir, owner=None, name="export_dir"):
   """
   export_dir = paths.normalize(export_dir)
   received = f"Received: {name.lstrip('-')}={export_dir!r}"
-  blocker = paths.file_above(export_dir)
-  if blocker == export_dir:
-    raise ValueError(f"{name}={export_dir} is a file, not a directory; pick "
-                     f"a new directory. {received}")
-  if blocker is not None:
-    raise ValueError(f"{name}={export_dir} lies under the file {blocker}; "
-                     f"pick a directory path. {received}")
+  owned_dir.check_folder_path(export_dir, name)
   if not tf.io.gfile.exists(export_dir):
     return
   marker = read_marker(export_dir)
   foreign = (foreign_entries(export_dir, marker)
-             if marker is not None and owner is not None and
-             marker.get("owner") == owner else [])
+             if owned_dir.names(marker, owner=owner) else [])
   if foreign:
     shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
     raise ValueError(
@@ -127,7 +103,7 @@ def _write_marker(directory, marker):
   """Writes `marker` plus the list of files `directory` holds (itself
   included), so a later export can tell its own files from others'."""
   path = paths.join(directory, MARKER)
-  files = sorted(set(_files(directory)) | {MARKER})
+  files = sorted(set(owned_dir.entries(directory)) | {MARKER})
   if tf.io.gfile.exists(path):
     tf.io.gfile.remove(path)  # ram:// appends on "w"
   with tf.io.gfile.GFile(path, "w") as f:
@@ -157,7 +133,7 @@ def remove_stale(export_dir, owner):
   for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
     if tf.io.gfile.isdir(path) and (
         not tf.io.gfile.listdir(path) or _owned(path, owner)):
-      remove_marked(path)
+      owned_dir.remove_marked(path, MARKER)
 
 
 def _replace_dir(new_dir, export_dir, old_dir):
@@ -193,22 +169,7 @@ def _replace_dir(new_dir, export_dir, old_dir):
         f"export_dir={export_dir} changed during the export: it now holds "
         f"entries the earlier export did not write ({', '.join(late[:3])}); "
         f"nothing was replaced. Received: export_dir={export_dir!r}")
-  remove_marked(old_dir)
-
-
-def remove_marked(directory):
-  """Deletes an export directory, its marker last: a deletion killed midway
-  leaves the marker, by which `remove_stale` knows the rest as ours."""
-  for entry in tf.io.gfile.listdir(directory):
-    entry = entry.rstrip("/")
-    if entry != MARKER:
-      path = paths.join(directory, entry)
-      (tf.io.gfile.rmtree if tf.io.gfile.isdir(path)
-       else tf.io.gfile.remove)(path)
-  marker = paths.join(directory, MARKER)
-  if tf.io.gfile.exists(marker):
-    tf.io.gfile.remove(marker)
-  tf.io.gfile.rmtree(directory)
+  owned_dir.remove_marked(old_dir, MARKER)
 
 
 def write_owned(export_dir, write, *, owner=None, metadata=None):

@@ -51,12 +51,6 @@ def basename(path):
   return posixpath.basename(normalize(path))
 
 
-def is_within(path, root):
-  """True if `path` is `root` or lies below it (both normalized)."""
-  path, root = normalize(path), normalize(root)
-  return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def file_above(path):
   """The nearest existing ancestor of `path` (or itself) that is a file.
 
@@ -178,34 +172,3 @@ def move_dir(src, dst, last=None):
     return
   copy_tree(src, dst, last=last)
   tf.io.gfile.rmtree(src)
-
-
-# TF reads a checkpoint prefix (and a SavedModel's variables) as a file
-# pattern: "run[1]" matches "run1", never itself, and no escape helps, since
-# the same string is then opened literally.
-GLOB_CHARS = "*?[]{}\\"
-
-
-def check_literal(path, name="--model_dir"):
-  """Raises unless `path` is free of the characters TF reads as a pattern.
-
-  A run folder named `sweep[lr=0.1]` saves checkpoints that TF can never
-  restore, so such a name is refused before anything is written.
-
-  Args:
-    path: a local path or URL.
-    name: the flag that set it, for the message.
-
-  Raises:
-    ValueError: naming the path and the characters at fault.
-  """
-  bad = "".join(c for c in GLOB_CHARS if c in os.fspath(path))
-  if bad:
-    kept = (" (its files are intact: rename the folder to resume or export "
-            "it)" if tf.io.gfile.exists(path) else "")
-    raise ValueError(
-        f"{name}={path} contains {bad!r}, which TensorFlow reads as a file "
-        f"pattern when it restores a checkpoint or loads a SavedModel, so "
-        f"the run could be saved but never resumed; nothing was written"
-        f"{kept}: use a name without {' '.join(GLOB_CHARS)}. Received: "
-        f"{name.lstrip('-')}={os.fspath(path)!r}")

@@ -13,7 +13,7 @@ import signal
 import tensorflow as tf
 
 from tf_interlock import metric_names
-from tf_interlock import run_lock
+from train import run_lock
 
 
 class TrainingError(RuntimeError):

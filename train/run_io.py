@@ -1,7 +1,7 @@
 """Thin clients of a finished run: its config, its export, its evaluation.
 
 `train.export` and `train.evaluate` (and compare) read a run directory
-through these functions and `tf_interlock.run_dir.RunDir`; none of them
+through these functions and `train.run_dir.RunDir`; none of them
 reads flags.
 """
 
@@ -16,11 +16,11 @@ from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import paths
-from tf_interlock.run_dir import RunDir
-from tf_interlock.run_lock import RunLock
 from train import config as config_lib
 from train import datasets
 from train import networks
+from train import run_dir as run_dir_lib
+from train import run_lock
 from train import runtime_setup
 from train import train_lib
 
@@ -127,7 +127,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
     export_dir: the target (default: model_dir/export).
     checkpoint: "ckpt-N", or None for the latest.
   """
-  run = RunDir(model_dir)
+  run = run_dir_lib.RunDir(model_dir)
   run.check_layout()
   run.check_nesting()
   config = config_lib.on_one_device(config_from_run(run))
@@ -137,9 +137,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
     raise FileNotFoundError(f"No checkpoint in {run.checkpoint_dir}. "
                             f"Received: model_dir={model_dir!r}")
   export_dir = run.check_export_dir(export_dir or config.export_dir)
-  lock = RunLock(run.lock_path)
-  try:  # as train_lib.run: a signal during acquire still releases it
-    lock.acquire()
+  with run_lock.held(run.path):  # one writer, as in train_lib.run
     runtime_setup.setup_runtime(config)
     task = datasets.make_task(config, with_train=False)
     modules = restored_modules(config, task, latest, model_dir)
@@ -149,8 +147,6 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
         owner=run.run_id(create=True),
         metadata={"model_dir": run.path,
                   "config": json.loads(config.to_json())})
-  finally:
-    lock.release()
 
 
 def evaluation_config(saved_model, model_dir, flag_config, given,
@@ -170,7 +166,7 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
   """
   recorded = None
   if model_dir:
-    run = RunDir(model_dir)
+    run = run_dir_lib.RunDir(model_dir)
     run.check_layout()
     recorded = config_from_run(run)
     saved_model = saved_model or recorded.export_dir or run.default_export_dir
@@ -178,7 +174,7 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     raise ValueError("--saved_model or --model_dir is required. Received: "
                      "saved_model=None")
   else:
-    paths.check_literal(paths.normalize(saved_model), "--saved_model")
+    run_dir_lib.check_literal(paths.normalize(saved_model), "--saved_model")
     marker_path = paths.join(saved_model, export_dir_lib.MARKER)
     if paths.special_kind(marker_path) is not None:
       raise ValueError(f"{marker_path} is {paths.special_kind(marker_path)},"

@@ -25,8 +25,6 @@ from tf_interlock import losses
 from tf_interlock import metric_names
 from tf_interlock import paths
 from tf_interlock import placement as placement_lib
-from tf_interlock.run_dir import RunDir
-from tf_interlock.run_lock import RunLock
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
 from train import config as config_lib
@@ -37,8 +35,10 @@ from train import multi_worker
 from train import networks
 from train import optimization
 from train import preflight
+from train import run_lock
 from train import runtime_setup
 from train.controller import Controller
+from train.run_dir import RunDir
 
 ARCHITECTURE_FIELDS = (
     "model", "resnet_preset", "resnet_width", "aux_head", "split",
@@ -438,21 +438,14 @@ def run(config, out=None, break_lock=False, extra_actions=()):
     built = build(config)  # data and model errors before model_dir is made
   except tf.errors.OpError as e:
     _raise_cluster_failure(config, e)
-  created = not run_dir.exists()
-  tf.io.gfile.makedirs(run_dir.path)
-  lock = RunLock(run_dir.lock_path)
   try:
-    lock.acquire(break_lock=break_lock)
-    # Checked again under the lock: another run may have moved on.
-    latest, export_dir = check_run(config, run_dir)
-    try:
-      return train(config, built, run_dir, latest, export_dir, lock, out,
-                   extra_actions)
-    except tf.errors.OpError as e:
-      _raise_cluster_failure(config, e)
+    with run_lock.held(run_dir.path, break_lock=break_lock) as lock:
+      # Checked again under the lock: another run may have moved on.
+      latest, export_dir = check_run(config, run_dir)
+      try:
+        return train(config, built, run_dir, latest, export_dir, lock, out,
+                     extra_actions)
+      except tf.errors.OpError as e:
+        _raise_cluster_failure(config, e)
   finally:
-    lock.release()
-    if created and run_dir.exists() and not tf.io.gfile.listdir(
-        run_dir.path):
-      tf.io.gfile.rmtree(run_dir.path)  # made here for the lock only
     multi_worker.remove_own_dir(config)

@@ -2,18 +2,20 @@
 
     model_dir/
       config.json        the run's configuration (written at each start)
-      run.json           the run's id, created with the directory
-      lock.json          held by the process training it (host, pid, times)
+      run.json           the run's id: its owner marker (`owned_dir`)
+      lock.json          held by the process writing it (`run_lock`)
       checkpoints/       tf.train.CheckpointManager: ckpt-N.*, "checkpoint"
       train/ eval/       TensorBoard event files
       export/            the default SavedModel target (marked, see export)
 
 Every function reads before it writes and raises a one-line `ValueError`
 naming the path at fault; all file access goes through `tf.io.gfile`, so
-model_dir may be a local folder, gs:// or ram://.
+model_dir may be a local folder, gs:// or ram://. Only the binaries
+(train/, research/) read run directories, so this lives with them; so do
+the two path checks only they make, `is_within` and `check_literal`.
 """
 
-import json
+import os
 import re
 import time
 import uuid
@@ -23,6 +25,7 @@ import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
 from tf_interlock import export_dir as export_dir_lib
+from tf_interlock import owned_dir
 from tf_interlock import paths
 
 CONFIG = "config.json"
@@ -36,6 +39,43 @@ POINTER = "checkpoint"  # tf.train.CheckpointManager's index of checkpoints
 _CKPT = re.compile(r"^ckpt-(\d+)\.(index|data-(\d+)-of-(\d+))$")
 
 
+def is_within(path, root):
+  """True if `path` is `root` or lies below it (both normalized)."""
+  path, root = paths.normalize(path), paths.normalize(root)
+  return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+# TF reads a checkpoint prefix (and a SavedModel's variables) as a file
+# pattern: "run[1]" matches "run1", never itself, and no escape helps, since
+# the same string is then opened literally.
+GLOB_CHARS = "*?[]{}\\"
+
+
+def check_literal(path, name="--model_dir"):
+  """Raises unless `path` is free of the characters TF reads as a pattern.
+
+  A run folder named `sweep[lr=0.1]` saves checkpoints that TF can never
+  restore, so such a name is refused before anything is written.
+
+  Args:
+    path: a local path or URL.
+    name: the flag that set it, for the message.
+
+  Raises:
+    ValueError: naming the path and the characters at fault.
+  """
+  bad = "".join(c for c in GLOB_CHARS if c in os.fspath(path))
+  if bad:
+    kept = (" (its files are intact: rename the folder to resume or export "
+            "it)" if tf.io.gfile.exists(path) else "")
+    raise ValueError(
+        f"{name}={path} contains {bad!r}, which TensorFlow reads as a file "
+        f"pattern when it restores a checkpoint or loads a SavedModel, so "
+        f"the run could be saved but never resumed; nothing was written"
+        f"{kept}: use a name without {' '.join(GLOB_CHARS)}. Received: "
+        f"{name.lstrip('-')}={os.fspath(path)!r}")
+
+
 class RunDir:
   """Paths and checked reads/writes of one run directory.
 
@@ -47,7 +87,7 @@ class RunDir:
   def __init__(self, path, name="--model_dir"):
     self.path = paths.normalize(path)
     self.name = name
-    paths.check_literal(self.path, name)
+    check_literal(self.path, name)
     self._received = f"Received: {name.lstrip('-')}={self.path!r}"
 
   def file(self, *parts):
@@ -84,7 +124,7 @@ class RunDir:
     """Raises if model_dir or one of its known entries has the wrong type,
     or if model_dir cannot be reached (a gs:// bucket with no network)."""
     try:  # the binaries' first access to the run directory
-      blocker = paths.file_above(self.path)
+      owned_dir.check_folder_path(self.path, self.name)
     except tf.errors.NotFoundError:
       raise
     except tf.errors.OpError as e:
@@ -92,12 +132,6 @@ class RunDir:
       raise ValueError(f"{self.name}={self.path}: cannot reach it "
                        f"({type(e).__name__}: {status[0].strip()})"
                        ) from None
-    if blocker == self.path:
-      raise ValueError(f"{self.name}={self.path} is a file, not a "
-                       f"directory. {self._received}")
-    if blocker is not None:
-      raise ValueError(f"{self.name}={self.path} lies under the file "
-                       f"{blocker}. {self._received}")
     # (The export target is checked by `check_export_dir`.)
     for entry, want_dir in ((CHECKPOINTS, True), (TRAIN_LOGS, True),
                             (EVAL_LOGS, True), (CONFIG, False),
@@ -142,28 +176,12 @@ class RunDir:
                        f"would overwrite or delete it; nothing was changed: "
                        f"pick a folder outside it. {self._received}")
 
-  def _check_regular(self, path):
-    """Raises unless `path` is a regular file (or missing): a FIFO would
-    block the read forever."""
-    kind = paths.special_kind(path)
-    if kind is not None:
-      raise ValueError(f"{path} is {kind}, not a regular file; nothing was "
-                       f"changed: replace it with the run's file or move it "
-                       f"away. {self._received}")
-
   def _read_json(self, path):
-    self._check_regular(path)
     try:
-      with tf.io.gfile.GFile(path, "rb") as f:
-        value = json.loads(f.read().decode("utf-8"))
-      if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    except (ValueError, tf.errors.OpError) as e:
-      reason = (str(e).splitlines() or [""])[0][:100]
-      raise ValueError(f"{path} is not a readable JSON object ({reason}); "
-                       f"nothing was changed: repair or move it. "
-                       f"{self._received}") from None
-    return value
+      return owned_dir.load_json(path)
+    except ValueError as e:
+      raise ValueError(f"{path} {e}; nothing was changed: repair, replace "
+                       f"or move it away. {self._received}") from None
 
   def _write_atomic(self, path, text):
     """Writes `text` to `path` atomically, making the run folder if needed."""
@@ -210,8 +228,9 @@ class RunDir:
     if not create:
       return None
     run_id = uuid.uuid4().hex
-    self._write_atomic(path, json.dumps({"run_id": run_id,
-                                         "created": time.time()}))
+    if not owned_dir.create_marker(self.path, RUN_INFO, {
+        "run_id": run_id, "created": time.time()}):
+      return self.run_id()  # another process made it just now
     return run_id
 
   def check_export_dir(self, export_dir, name="--export_dir"):
@@ -225,14 +244,14 @@ class RunDir:
       The normalized export path.
     """
     target = paths.normalize(export_dir or self.default_export_dir)
-    paths.check_literal(target, name)
+    check_literal(target, name)
     received = f"Received: {name.lstrip('-')}={target!r}"
-    if paths.is_within(self.path, target):
+    if is_within(self.path, target):
       raise ValueError(f"{name}={target} is model_dir or a folder above "
                        f"it: the export would replace the run directory "
                        f"{self.path}; use a separate directory. {received}")
     for entry in (CHECKPOINTS, TRAIN_LOGS, EVAL_LOGS, CONFIG, RUN_INFO, LOCK):
-      if paths.is_within(target, self.file(entry)):
+      if is_within(target, self.file(entry)):
         raise ValueError(f"{name}={target} lies in the run's {entry}; use "
                          f"model_dir/{EXPORT} or a separate directory. "
                          f"{received}")

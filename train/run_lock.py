@@ -1,4 +1,9 @@
-"""One process per run directory: a lock file with its holder's identity.
+"""One process per folder: a lock file with its holder's identity.
+
+The lock half of the ownership scheme (`tf_interlock.owned_dir`): a marker
+says whose a folder is, the lock says who writes it now. `train.train` and
+`train.export` hold model_dir/lock.json, `research.compare` its out_dir's
+compare_lock.json and each run folder's lock.json (`held`).
 
 Two runs writing one model_dir (say, started twice with different seeds)
 would silently overwrite each other's checkpoints. `RunLock` writes
@@ -19,6 +24,7 @@ stops a holder whose lock.json no longer carries its token, or whose folder
 was moved or replaced.
 """
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -32,6 +38,7 @@ import uuid
 
 import tensorflow as tf
 
+from tf_interlock import owned_dir
 from tf_interlock import paths
 
 STALE_AFTER_S = 3600.0
@@ -104,16 +111,7 @@ class RunLock:
 
   def _read(self):
     """The holder's info, None without a lock, {} for an unreadable one."""
-    if not tf.io.gfile.exists(self.path):
-      return None
-    if paths.special_kind(self.path) is not None:
-      return {}  # a FIFO would block the read: unreadable
-    try:
-      with tf.io.gfile.GFile(self.path, "rb") as f:
-        holder = json.loads(f.read().decode("utf-8"))
-      return holder if isinstance(holder, dict) else {}
-    except (ValueError, tf.errors.OpError):
-      return {}
+    return owned_dir.read_json(self.path)
 
   def _write(self, overwrite):
     paths.write_atomic(self.path, json.dumps(self.info, sort_keys=True),
@@ -279,3 +277,37 @@ class RunLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+@contextlib.contextmanager
+def held(folder, name="lock.json", break_lock=False, refused="", out=None):
+  """Holds the lock `name` of `folder` for the `with` block; the `RunLock`.
+
+  The folder is made when missing, and removed again on the way out if
+  nothing but the lock was ever written to it.
+
+  Args:
+    folder: the folder to lock (local path or URL).
+    name: the lock file's name in it.
+    break_lock: take over a lock that looks alive (`RunLock.acquire`).
+    refused: put before the message of a refusal to take the lock.
+    out: where take-over warnings go (default: sys.stderr).
+
+  Raises:
+    ValueError: another process holds the folder (naming it).
+  """
+  made = not tf.io.gfile.exists(folder)
+  tf.io.gfile.makedirs(folder)
+  lock = RunLock(paths.join(folder, name), out=out)
+  try:  # a signal during acquire still releases the flock
+    try:
+      lock.acquire(break_lock)
+    except ValueError as e:
+      if not refused:
+        raise
+      raise ValueError(f"{refused}{e}") from None
+    yield lock
+  finally:
+    lock.release()
+    if made and tf.io.gfile.isdir(folder) and not tf.io.gfile.listdir(folder):
+      tf.io.gfile.rmtree(folder)  # made here for the lock only

@@ -1,0 +1,171 @@
+"""Owned folders: the one scheme by which the project deletes only its own.
+
+Every folder that the project may later empty, replace or delete carries a
+marker, a JSON object that names its owner:
+
+  folder                          marker (the fields that make it ours)
+  a run directory (model_dir)     run.json {"run_id"}
+  an export                       interlock_export.json {"owner", "files"}
+  research.compare's out_dir      compare_study.json {"owner"}
+  one run folder of a compare     compare_run.json {"owner", "strategy",
+                                  "seed"}
+
+The rules, the same for all of them:
+
+1. A folder is ours only when its marker names us (`names`); a missing,
+   unreadable or foreign marker refuses the operation, in one line naming
+   the folder, before anything is written.
+2. Even then only entries we write are touched: `foreign_entries` lists
+   the others, and any of them refuses (a user's notes put in an export).
+3. A marker is created once (`create_marker`), atomically, and never
+   overwritten: of two processes creating it one gets False.
+4. Deleting removes the marker last (`remove_marked`), so a deletion
+   killed midway leaves a folder that is still recognisably ours, and the
+   next run of the same owner finishes it. Such leftovers are removed only
+   by their owner: an export's `.<name>.tmp-*`/`.old-*` siblings
+   (`export_dir.remove_stale`), a run's `ckpt-N_temp` folders
+   (`RunDir.remove_unfinished_checkpoints`), a dead holder's lock (taken
+   over by `RunLock.acquire`).
+5. While a process writes a folder it holds the folder's lock
+   (`train.run_lock`: an OS flock plus a token in lock.json or
+   compare_lock.json). Only the binaries take locks, so the lock lives
+   with them; the markers are also the library's (`export_dir`).
+
+Every file access goes through `tf.io.gfile`: local folders, gs:// or ram://.
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+from tf_interlock import paths
+
+
+def load_json(path):
+  """The JSON object at `path`, or ValueError saying why it is none.
+
+  A FIFO (whose read would block forever), a socket or a device is refused
+  unread; a missing file, bad JSON or a JSON value that is not an object is
+  "not a readable JSON object".
+  """
+  kind = paths.special_kind(path)
+  if kind is not None:
+    raise ValueError(f"is {kind}, not a regular file")
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      value = json.loads(f.read().decode("utf-8"))
+    if not isinstance(value, dict):
+      raise ValueError("not a JSON object")
+  except (ValueError, tf.errors.OpError) as e:
+    reason = (str(e).splitlines() or [""])[0][:100]
+    raise ValueError(f"is not a readable JSON object ({reason})") from None
+  return value
+
+
+def read_json(path):
+  """The JSON object at `path`: None when absent, {} when unreadable."""
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    return load_json(path)
+  except ValueError:
+    return {}
+
+
+def check_folder_path(folder, name):
+  """Raises unless a folder can be at `folder`: it is no file, and lies
+  under none (which would give a deep NotADirectoryError later).
+
+  Args:
+    folder: a normalized local path or URL.
+    name: the flag that set it, e.g. "--export_dir", for the message.
+
+  Raises:
+    ValueError: naming the path and the file in the way.
+  """
+  blocker = paths.file_above(folder)
+  where = ("is a file, not a directory; pick a new directory"
+           if blocker == folder else
+           f"lies under the file {blocker}; pick a directory path")
+  if blocker is not None:
+    raise ValueError(f"{name}={folder} {where}. Received: "
+                     f"{name.lstrip('-')}={folder!r}")
+
+
+def read_marker(folder, marker):
+  """The marker file `marker` of `folder` as a dict, or None (absent or
+  unreadable: no marker of ours)."""
+  return read_json(paths.join(os.fspath(folder), marker)) or None
+
+
+def names(marker, **fields):
+  """True if the marker dict `marker` holds every one of `fields`.
+
+  A field asked for as None never matches: an owner not known yet owns
+  nothing.
+  """
+  return marker is not None and all(
+      value is not None and marker.get(key) == value
+      for key, value in fields.items())
+
+
+def create_marker(folder, marker, fields):
+  """Writes a new marker file; False if one appeared there meanwhile.
+
+  Args:
+    folder: the folder (made if missing).
+    marker: the marker's file name.
+    fields: the JSON-serializable dict it holds.
+  """
+  tf.io.gfile.makedirs(folder)
+  try:
+    paths.write_atomic(paths.join(folder, marker),
+                       json.dumps(fields, indent=2, sort_keys=True),
+                       overwrite=False)
+  except tf.errors.AlreadyExistsError:
+    return False
+  return True
+
+
+def entries(folder):
+  """Every file and folder under `folder`, as sorted relative paths."""
+  found = []
+  for root, dirs, files in tf.io.gfile.walk(folder):
+    rel = root[len(folder):].strip("/")
+    found.extend(paths.join(rel, name.rstrip("/")) if rel else
+                 name.rstrip("/") for name in list(dirs) + list(files))
+  return sorted(found)
+
+
+def foreign_entries(folder, ours, recursive=False):
+  """What `folder` holds that its owner did not write, sorted.
+
+  Args:
+    folder: an existing folder.
+    ours: ours(relative_path) is True for an entry the owner writes.
+    recursive: look at every entry below `folder`, not only its own.
+  """
+  found = (entries(folder) if recursive else
+           [name.rstrip("/") for name in tf.io.gfile.listdir(folder)])
+  return sorted(name for name in found if not ours(name))
+
+
+def clear(folder, keep=()):
+  """Deletes every entry of `folder` but those named in `keep`."""
+  for entry in tf.io.gfile.listdir(folder):
+    entry = entry.rstrip("/")
+    if entry not in keep:
+      path = paths.join(folder, entry)
+      (tf.io.gfile.rmtree if tf.io.gfile.isdir(path)
+       else tf.io.gfile.remove)(path)
+
+
+def remove_marked(folder, marker):
+  """Deletes an owned folder, its marker last: a deletion killed midway
+  leaves the marker, by which the owner knows the rest as its own."""
+  clear(folder, keep=(marker,))
+  path = paths.join(folder, marker)
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+  tf.io.gfile.rmtree(folder)
