@@ -46,7 +46,9 @@ from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
+from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
+from tf_interlock import tf_private
 
 _OPTIMIZERS_ALLOWED = ("one keras.optimizers.Optimizer (cloned for every "
                        "module), an optimizer name such as 'adam', a list "
@@ -169,6 +171,11 @@ class InterlockTrainer:
         metric_fn, self.placement)
     self._loop_fns = {}
     self._built = False
+    # How a call runs its steps: "unrolled" or "while" (`step_loop`).
+    self.loop = "unrolled"
+    # The training call's graph optimisation: "default" or "light"
+    # (`tf_private.light_graph_optimization`).
+    self.graph_optimization = "default"
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._updates = [self.step.functions.add(
@@ -381,6 +388,10 @@ class InterlockTrainer:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
+    if self.loop == "while":  # one step traced, looped (`step_loop`)
+      return step_loop.make_while_loop(
+          step, num_steps, lambda calls: self.step.functions.tracing_loop(
+              calls * self.num_microbatches))
 
     def loop(iterator):
       # Runs while tracing: per-module functions only where this loop calls
@@ -438,7 +449,11 @@ class InterlockTrainer:
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
     try:
-      metrics = self.loop_function(num_steps)(iterator)
+      if self.graph_optimization == "light":
+        with tf_private.light_graph_optimization():
+          metrics = self.loop_function(num_steps)(iterator)
+      else:
+        metrics = self.loop_function(num_steps)(iterator)
     except tf.errors.OutOfRangeError:
       counters = [int(opt.iterations.numpy()) for opt in self.optimizers]
       raise DatasetEndedError(

@@ -1,0 +1,84 @@
+"""A training call as one traced step in a graph loop (`step_loop`): the
+same numbers as the unrolled steps, with one step in the graph."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import helpers
+from tf_interlock import placement as placement_lib
+from tf_interlock import step_loop
+from tf_interlock.trainer import InterlockTrainer
+
+K = 3
+
+
+def _trainer(loop, strategy, microbatches, steps_per_loop=4):
+  x, y = helpers.batch(size=8)
+  trainer = InterlockTrainer(
+      helpers.mlp_modules(K, batch_norm=True),
+      lambda k: keras.optimizers.Adam(0.01), strategy,
+      loss_fn=helpers.cross_entropy,
+      placement=placement_lib.make_placement("simulated", K),
+      steps_per_loop=steps_per_loop, num_microbatches=microbatches)
+  trainer.loop = loop
+  trainer.build(x)
+  # Different batches every step: the loop must take them in order.
+  rng = np.random.default_rng(3)
+  xs = rng.normal(size=(64, x.shape[1])).astype("float32")
+  ys = rng.integers(0, helpers.NUM_CLASSES, size=(64,)).astype("int32")
+  dataset = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(8).repeat()
+  return trainer, iter(trainer.distribute_dataset(dataset))
+
+
+@pytest.mark.parametrize("strategy,microbatches",
+                         [("2wise", 1), ("e2e", 2), ("local", 1)])
+def test_looped_equals_unrolled(strategy, microbatches):
+  runs = {}
+  for loop in step_loop.LOOPS:
+    trainer, iterator = _trainer(loop, strategy, microbatches)
+    metrics = [trainer.train_loop(iterator) for _ in range(2)]
+    metrics.append(trainer.train_loop(iterator, num_steps=3))
+    runs[loop] = metrics, helpers.weights(trainer.modules)
+  (want, want_w), (got, got_w) = runs["unrolled"], runs["while"]
+  assert got == want  # the same floats: same ops, same order
+  assert len(got_w) == len(want_w)
+  for a, b in zip(got_w, want_w):
+    np.testing.assert_array_equal(a, b)
+  # 11 steps changed the weights (the comparison is not of two starts).
+  fresh, _ = _trainer("unrolled", strategy, microbatches)
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(got_w, helpers.weights(fresh.modules)))
+
+
+def test_looped_graph_holds_one_step():
+  graphs = {}
+  for loop in step_loop.LOOPS:
+    trainer, iterator = _trainer(loop, "2wise", 1, steps_per_loop=6)
+    graphs[loop] = trainer.loop_function(6).get_concrete_function(
+        iterator).graph
+  types = {loop: [op.type for op in g.get_operations()]
+           for loop, g in graphs.items()}
+  assert "While" in types["while"] and "While" not in types["unrolled"]
+  # The unrolled graph reads six batches; the looped one reads the first
+  # batch outside the loop and the others in its body (another graph).
+  assert types["unrolled"].count("IteratorGetNext") == 6
+  assert types["while"].count("IteratorGetNext") == 1
+  assert len(types["while"]) < len(types["unrolled"]) / 3
+
+
+def test_one_step_per_call_runs_no_loop():
+  trainer, iterator = _trainer("while", "2wise", 1, steps_per_loop=1)
+  graph = trainer.loop_function(1).get_concrete_function(iterator).graph
+  assert "While" not in [op.type for op in graph.get_operations()]
+  before = helpers.weights(trainer.modules)
+  metrics = trainer.train_loop(iterator)
+  assert set(metrics) >= {"module_1/loss", "module_3/grad_norm"}
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(before, helpers.weights(trainer.modules)))
+
+
+def test_unknown_loop_is_refused():
+  with pytest.raises(ValueError, match=r"Received: loop='scan'"):
+    step_loop.check_loop("scan")
