@@ -121,9 +121,9 @@ def validate():
       config_lib.fail("strategies", name, f"{microbatches} microbatches "
                       f"must divide --batch_size={_BATCH.value}")
   for loop in _LOOPS.value + [_LOOP.value]:
-    if loop not in step_loop.LOOPS:
+    if loop not in ("auto",) + step_loop.LOOPS:
       config_lib.fail("loops", ",".join(_LOOPS.value),
-                      f"must be comma-separated values of {step_loop.LOOPS}")
+                      f"must be comma-separated values of auto, {step_loop.LOOPS}")
   for value in _OPTIMIZATIONS.value + [_OPTIMIZATION.value]:
     if value not in ("default", "light"):
       config_lib.fail("graph_optimizations", ",".join(_OPTIMIZATIONS.value),

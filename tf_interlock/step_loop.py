@@ -9,9 +9,11 @@ outside the loop (whose metrics give the loop's accumulators their
 structure): the first call's tracing and graph are one step's, whatever
 `steps_per_loop` is.
 
-The numbers are the unrolled loop's: the same step function runs on the
-same batches in the same order, and the per-step metrics are summed in the
-same order and divided by `num_steps` once.
+The weights are the unrolled loop's, bit for bit (tests/test_step_loop.py):
+the same step function runs on the same batches in the same order. The
+reported means (the per-step metrics summed in the same order, divided by
+`num_steps` once) may differ in their last bit: TF's graph optimiser
+rewrites the two graphs' arithmetic differently.
 
 What it costs: TF lowers the while loop into a frame whose iteration t + 1
 starts once iteration t's loop variables and its stateful ops are done
@@ -27,10 +29,31 @@ import tensorflow as tf
 LOOPS = ("unrolled", "while")
 
 
-def check_loop(loop):
-  """Refuses an unknown loop kind in one line."""
+def resolve_loop(loop, strategy, num_modules):
+  """"unrolled" or "while" for a trainer's `loop` setting.
+
+  "auto" is "while" where the steps have no slack to overlap: a window
+  n >= K (end-to-end, or n-wise over K <= n modules), where module 1's
+  forward at step t + 1 waits for module 1's update at step t, which waits
+  for the backward of every module; the loop then costs at most the
+  overlap of the last modules' updates with module 1's next forward. Local
+  and n-wise with n < K keep the unrolled steps, whose overlap across steps
+  is their speed.
+
+  Args:
+    loop: "auto", "unrolled" or "while".
+    strategy: the trainer's `strategy.InterlockStrategy`.
+    num_modules: K.
+
+  Raises:
+    ValueError: an unknown `loop`, in one line.
+  """
+  if loop == "auto":
+    return ("while" if strategy.effective_window(num_modules) >= num_modules
+            else "unrolled")
   if loop not in LOOPS:
-    raise ValueError(f"loop must be one of {LOOPS}. Received: loop={loop!r}")
+    raise ValueError(f"loop must be 'auto' or one of {LOOPS}. "
+                     f"Received: loop={loop!r}")
   return loop
 
 

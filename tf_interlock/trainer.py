@@ -171,8 +171,9 @@ class InterlockTrainer:
         metric_fn, self.placement)
     self._loop_fns = {}
     self._built = False
-    # How a call runs its steps: "unrolled" or "while" (`step_loop`).
-    self.loop = "unrolled"
+    # How a call runs its steps: "auto", "unrolled" or "while" (read when
+    # a loop function is made, see `step_loop.resolve_loop`).
+    self.loop = "auto"
     # The training call's graph optimisation: "default" or "light"
     # (`tf_private.light_graph_optimization`).
     self.graph_optimization = "default"
@@ -388,7 +389,9 @@ class InterlockTrainer:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
-    if self.loop == "while":  # one step traced, looped (`step_loop`)
+    if step_loop.resolve_loop(self.loop, self.strategy,
+                              self.num_modules) == "while":
+      # One step traced, looped (`step_loop`).
       return step_loop.make_while_loop(
           step, num_steps, lambda calls: self.step.functions.tracing_loop(
               calls * self.num_microbatches))
