@@ -175,7 +175,7 @@ def _body(module, x):
   return h, reg
 
 
-def _has_accelerator(placement):
+def has_accelerator(placement):
   """Whether the modules run on a non-CPU device (GPU or TPU)."""
   if placement.kind == "tpu":
     return True
@@ -232,6 +232,6 @@ def resolve_jit_compile(jit_compile, placement, distribute):
           f"'auto' (off here) or False. Received: jit_compile=True")
     return False
   if jit_compile == "auto":
-    return (_has_accelerator(placement)
+    return (has_accelerator(placement)
             and not tf_config.is_op_determinism_enabled())
   return jit_compile

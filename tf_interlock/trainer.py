@@ -174,9 +174,11 @@ class InterlockTrainer:
     # How a call runs its steps: "auto", "unrolled" or "while" (read when
     # a loop function is made, see `step_loop.resolve_loop`).
     self.loop = "auto"
-    # The training call's graph optimisation: "default" or "light"
-    # (`tf_private.light_graph_optimization`).
-    self.graph_optimization = "default"
+    # The training call's graph optimisation: "auto", "default" or "light"
+    # (`tf_private.light_graph_optimization`); "auto" is light where every
+    # module runs on a CPU (the passes it drops left the graph unchanged
+    # there; on a GPU the layout and memory passes may matter).
+    self.graph_optimization = "auto"
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._updates = [self.step.functions.add(
@@ -452,7 +454,9 @@ class InterlockTrainer:
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
     try:
-      if self.graph_optimization == "light":
+      if self.graph_optimization == "light" or (
+          self.graph_optimization == "auto"
+          and not module_functions.has_accelerator(self.placement)):
         with tf_private.light_graph_optimization():
           metrics = self.loop_function(num_steps)(iterator)
       else:
