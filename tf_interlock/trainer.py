@@ -7,8 +7,12 @@ ordering between step t and t + 1 is then the real one (module k's forward at
 t + 1 reads the weights its update at t wrote; TF orders reads and writes per
 variable), so module k can run step t + 1 while later modules finish step t.
 More unrolled steps per call give the runtime more room to overlap (the
-README's benchmark table measures it). Nothing in the step may serialize the
-graph: no shared metric variables, no host callbacks, no variable shared by
+README's benchmark table measures it). Where the window covers every module
+there is no such slack, and `loop="auto"` traces one step and loops it
+instead (`step_loop`), which cuts the first call's tracing and graph
+optimisation to one step's; `graph_optimization` gives the training call a
+lighter graph optimisation on CPU (`tf_private`). Nothing in the step may
+serialize the graph: no shared metric variables, no host callbacks, no variable shared by
 two modules (loss scales are per module, see `engine`); metrics are returned
 tensors.
 
