@@ -123,7 +123,8 @@ def validate():
   for loop in _LOOPS.value + [_LOOP.value]:
     if loop not in ("auto",) + step_loop.LOOPS:
       config_lib.fail("loops", ",".join(_LOOPS.value),
-                      f"must be comma-separated values of auto, {step_loop.LOOPS}")
+                      "must be comma-separated values of auto, unrolled, "
+                      "while")
   for value in _OPTIMIZATIONS.value + [_OPTIMIZATION.value]:
     if value not in ("default", "light"):
       config_lib.fail("graph_optimizations", ",".join(_OPTIMIZATIONS.value),
@@ -260,7 +261,8 @@ def format_table(result):
            f"{result.get('grappler') or 'default'} load average="
            f"{'/'.join(f'{v:.1f}' for v in result['load_average'])} "
            f"jit_compile={result.get('jit_compile', False)}",
-           f"{'strategy':10} {'loop':8} {'graph':7} {'steps':>5} {'trace_s':>8} {'first_s':>8} "
+           f"{'strategy':10} {'loop':8} {'graph':7} {'steps':>5} "
+           f"{'trace_s':>8} {'first_s':>8} "
            f"{'steady_s':>8} {'over_s':>8} {'trace_cpu':>9} "
            f"{'first_cpu':>9}"]
   dash = lambda v: "-" if v is None else f"{v:.2f}"  # noqa

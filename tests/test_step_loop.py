@@ -30,7 +30,8 @@ def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True):
   rng = np.random.default_rng(3)
   xs = rng.normal(size=(64, x.shape[1])).astype("float32")
   ys = rng.integers(0, helpers.NUM_CLASSES, size=(64,)).astype("int32")
-  dataset = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(8, drop_remainder=True).repeat()
+  dataset = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(
+      8, drop_remainder=True).repeat()
   return trainer, iter(trainer.distribute_dataset(dataset))
 
 

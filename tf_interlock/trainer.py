@@ -12,9 +12,9 @@ there is no such slack, and `loop="auto"` traces one step and loops it
 instead (`step_loop`), which cuts the first call's tracing and graph
 optimisation to one step's; `graph_optimization` gives the training call a
 lighter graph optimisation on CPU (`tf_private`). Nothing in the step may
-serialize the graph: no shared metric variables, no host callbacks, no variable shared by
-two modules (loss scales are per module, see `engine`); metrics are returned
-tensors.
+serialize the graph: no shared metric variables, no host callbacks, no
+variable shared by two modules (loss scales are per module, see `engine`);
+metrics are returned tensors.
 
 The same code runs under the default strategy, `MirroredStrategy` and
 `TPUStrategy`: each replica computes routed gradients for its share of the
