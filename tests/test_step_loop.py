@@ -114,6 +114,11 @@ def test_auto_loops_where_steps_have_no_slack():
   assert [resolve(s, 4) for s in ("local", "2wise", "3wise")] == [
       "unrolled"] * 3
   assert resolve("2wise", 2) == "while"
+  e2e = strategy_lib.parse_strategy("e2e")
+  assert step_loop.resolve_loop("auto", e2e, 4, "gpu") == "while"
+  assert step_loop.resolve_loop("auto", e2e, 4, "tpu") == "unrolled"
+  assert step_loop.resolve_loop("auto", e2e, 4, "cluster") == "unrolled"
+  assert step_loop.resolve_loop("auto", e2e, 4, "single", 2) == "unrolled"
   assert step_loop.resolve_loop("unrolled", strategy_lib.parse_strategy(
       "e2e"), 4) == "unrolled"
   with pytest.raises(ValueError, match=r"Received: loop='scan'"):

@@ -28,8 +28,14 @@ import tensorflow as tf
 
 LOOPS = ("unrolled", "while")
 
+# Where "auto" may loop: one process, one replica (measured and tested
+# there). TPU, cluster and replicated runs keep the unrolled steps they
+# were written and checked with.
+AUTO_KINDS = ("single", "simulated", "gpu")
 
-def resolve_loop(loop, strategy, num_modules):
+
+def resolve_loop(loop, strategy, num_modules, placement_kind="single",
+                 replicas=1):
   """"unrolled" or "while" for a trainer's `loop` setting.
 
   "auto" is "while" where the steps have no slack to overlap: a window
@@ -49,8 +55,9 @@ def resolve_loop(loop, strategy, num_modules):
     ValueError: an unknown `loop`, in one line.
   """
   if loop == "auto":
-    return ("while" if strategy.effective_window(num_modules) >= num_modules
-            else "unrolled")
+    no_slack = strategy.effective_window(num_modules) >= num_modules
+    return ("while" if no_slack and placement_kind in AUTO_KINDS
+            and replicas == 1 else "unrolled")
   if loop not in LOOPS:
     raise ValueError(f"loop must be 'auto' or one of {LOOPS}. "
                      f"Received: loop={loop!r}")

@@ -180,8 +180,9 @@ class InterlockTrainer:
     self.loop = "auto"
     # The training call's graph optimisation: "auto", "default" or "light"
     # (`tf_private.light_graph_optimization`); "auto" is light where every
-    # module runs on a CPU (the passes it drops left the graph unchanged
-    # there; on a GPU the layout and memory passes may matter).
+    # module runs on a CPU of this process (the passes it drops left the
+    # graph unchanged there; on a GPU the layout and memory passes may
+    # matter).
     self.graph_optimization = "auto"
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
@@ -395,8 +396,10 @@ class InterlockTrainer:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
-    if step_loop.resolve_loop(self.loop, self.strategy,
-                              self.num_modules) == "while":
+    replicas = self.distribute.num_replicas_in_sync * (
+        1 if self.replicas is None else self.replicas.num_replicas)
+    if step_loop.resolve_loop(self.loop, self.strategy, self.num_modules,
+                              self.placement.kind, replicas) == "while":
       # One step traced, looped (`step_loop`).
       return step_loop.make_while_loop(
           step, num_steps, lambda calls: self.step.functions.tracing_loop(
@@ -460,6 +463,7 @@ class InterlockTrainer:
     try:
       if self.graph_optimization == "light" or (
           self.graph_optimization == "auto"
+          and self.placement.kind in step_loop.AUTO_KINDS
           and not module_functions.has_accelerator(self.placement)):
         with tf_private.light_graph_optimization():
           metrics = self.loop_function(num_steps)(iterator)
