@@ -15,13 +15,14 @@ reported means (the per-step metrics summed in the same order, divided by
 `num_steps` once) may differ in their last bit: TF's graph optimiser
 rewrites the two graphs' arithmetic differently.
 
-What it costs: TF lowers the while loop into a frame whose iteration t + 1
-starts once iteration t's loop variables and its stateful ops are done
-(variable reads and writes of one iteration are ordered with the next's
-through the loop). Module k of step t + 1 can then no longer start while
-later modules still work on step t, the overlap the unrolled graph gives
-(see `trainer`). docs/results/tracing/looped.md measures what this costs in
-steady state against what it saves on the first call.
+What it costs: TF's automatic control dependencies make the loop body's
+returned loop variables wait for every stateful op of the iteration (this
+orders one iteration's variable reads and writes before the next's), so
+iteration t + 1 starts once all of step t is done. Module k of step t + 1
+can then no longer start while later modules still work on step t, the
+overlap the unrolled graph gives (see `trainer`). `resolve_loop` loops only
+where the steps have no such slack; docs/results/tracing/firstcall.md
+measures what the loop saves on the first call.
 """
 
 import tensorflow as tf
@@ -50,6 +51,11 @@ def resolve_loop(loop, strategy, num_modules, placement_kind="single",
     loop: "auto", "unrolled" or "while".
     strategy: the trainer's `strategy.InterlockStrategy`.
     num_modules: K.
+    placement_kind: the trainer's placement kind.
+    replicas: replicas in sync (times the trainer's collective replicas).
+
+  Returns:
+    "unrolled" or "while".
 
   Raises:
     ValueError: an unknown `loop`, in one line.
