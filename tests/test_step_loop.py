@@ -94,6 +94,16 @@ def test_looped_graph_holds_one_step():
   assert types["unrolled"].count("IteratorGetNext") == 6
   assert types["while"].count("IteratorGetNext") == 1
   assert len(types["while"]) < len(types["unrolled"]) / 3
+  # The cost (step_loop's docstring): the body's loop variables wait, by
+  # control edges, for the step's call (every stateful op of the step), so
+  # step t + 1 starts after all of step t.
+  while_op = next(op for op in graphs["while"].get_operations()
+                  if op.type == "While")
+  body = while_op._body_graph  # pylint: disable=protected-access
+  waits = [c for out in body.outputs for c in out.op.control_inputs]
+  waits += [c for op in waits if op.type == "NoOp"
+            for c in op.control_inputs]
+  assert any(c.type == "StatefulPartitionedCall" for c in waits), waits
 
 
 def test_one_step_per_call_runs_no_loop():
