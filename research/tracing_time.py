@@ -38,6 +38,7 @@ import tensorflow as tf  # noqa: E402
 
 from layers import resnet  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
+from tf_interlock import step_loop  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from train import config as config_lib  # noqa: E402
@@ -71,6 +72,24 @@ _GRAPPLER = flags.DEFINE_list(
     "name=true|false pairs for tf.config.optimizer.set_experimental_options "
     "(e.g. disable_meta_optimizer=true, or constant_folding=false); empty: "
     "TF's defaults.")
+_LOOPS = flags.DEFINE_list(
+    "loops", ["unrolled"], "How each strategy's call runs its steps, "
+    "comma-separated: unrolled (every step in the graph) and/or while (one "
+    "step traced, looped: tf_interlock.step_loop); each is one row.")
+_JIT = flags.DEFINE_boolean(
+    "jit_compile", False, "Compile with XLA: the strategies' "
+    "jit_compile=True (each module's functions on simulated devices), and "
+    "plain Keras's compile(jit_compile=True).")
+_OPTIMIZATIONS = flags.DEFINE_list(
+    "graph_optimizations", ["default"], "The strategies' graph optimisation "
+    "of the training call, comma-separated: default (the process's) and/or "
+    "light (tf_interlock.tf_private.light_graph_optimization); each is one "
+    "row per loop.")
+_LOOP = flags.DEFINE_string(
+    "loop", "unrolled", "Internal: the loop of the --cell.")
+_OPTIMIZATION = flags.DEFINE_string(
+    "graph_optimization", "default", "Internal: the --cell's graph "
+    "optimisation.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the report as JSON to this path.")
 
@@ -101,6 +120,15 @@ def validate():
     if _BATCH.value % microbatches:
       config_lib.fail("strategies", name, f"{microbatches} microbatches "
                       f"must divide --batch_size={_BATCH.value}")
+  for loop in _LOOPS.value + [_LOOP.value]:
+    if loop not in ("auto",) + step_loop.LOOPS:
+      config_lib.fail("loops", ",".join(_LOOPS.value),
+                      "must be comma-separated values of auto, unrolled, "
+                      "while")
+  for value in _OPTIMIZATIONS.value + [_OPTIMIZATION.value]:
+    if value not in ("default", "light"):
+      config_lib.fail("graph_optimizations", ",".join(_OPTIMIZATIONS.value),
+                      "must be comma-separated values of default, light")
   grappler_options()
 
 
@@ -144,7 +172,10 @@ def time_strategy(s, name):
   num_modules = s.config.num_modules
   placement_lib.configure_simulated_devices(num_modules)
   placement = placement_lib.make_placement("simulated", num_modules)
-  trainer = benchmark_lib.build_trainer(s, name, placement)
+  trainer = benchmark_lib.build_trainer(s, name, placement,
+                                        jit_compile=_JIT.value)
+  trainer.loop = _LOOP.value
+  trainer.graph_optimization = _OPTIMIZATION.value
   dataset = tf.data.Dataset.from_tensors(benchmark_lib.make_batch(s))
   iterator = iter(trainer.distribute_dataset(dataset.repeat()))
   loop = trainer.loop_function(s.config.steps_per_loop)
@@ -166,7 +197,8 @@ def time_keras(s):
   model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
-                steps_per_execution=s.config.steps_per_loop)
+                steps_per_execution=s.config.steps_per_loop,
+                jit_compile=_JIT.value)
   x, _ = benchmark_lib.make_batch(s)
   model.build((None,) + x.shape[1:])
   model.optimizer.build(model.trainable_variables)
@@ -187,17 +219,22 @@ def run_cell(name, steps_per_loop):
   s = spec(steps_per_loop)
   row = time_keras(s) if name == KERAS else time_strategy(s, name)
   row.update(strategy=name, steps_per_loop=steps_per_loop,
+             loop=None if name == KERAS else _LOOP.value,
+             graph_optimization=(None if name == KERAS
+                                 else _OPTIMIZATION.value),
              over_s=row["first_s"] - row["steady_s"])
   return row
 
 
-def _child(name, steps_per_loop):
+def _child(name, steps_per_loop, loop="unrolled", optimization="default"):
   """`run_cell` in a fresh process: its row."""
-  names = ("model", "preset", "num_modules", "batch_size", "width", "calls")
+  names = ("model", "preset", "num_modules", "batch_size", "width", "calls",
+           "jit_compile")
   args = [f"--{n}={flags.FLAGS[n].value}" for n in names]
   args.append(f"--grappler={','.join(_GRAPPLER.value)}")
   return benchmark_lib.run_child(
-      [*args, f"--cell={name}", f"--steps_per_loop={steps_per_loop}"],
+      [*args, f"--cell={name}", f"--steps_per_loop={steps_per_loop}",
+       f"--loop={loop}", f"--graph_optimization={optimization}"],
       module="research.tracing_time")
 
 
@@ -205,9 +242,13 @@ def report():
   """Every (strategy, steps_per_loop) cell, plain Keras first."""
   rows = []
   for steps_per_loop in (int(v) for v in _STEPS_PER_LOOP.value):
-    for name in [KERAS] + list(_STRATEGIES.value):
-      rows.append(_child(name, steps_per_loop))
+    rows.append(_child(KERAS, steps_per_loop))
+    for name in _STRATEGIES.value:
+      for loop in _LOOPS.value:
+        for optimization in _OPTIMIZATIONS.value:
+          rows.append(_child(name, steps_per_loop, loop, optimization))
   return {"model": _MODEL.value, "preset": _PRESET.value,
+          "jit_compile": _JIT.value,
           "num_modules": _NUM_MODULES.value, "batch_size": _BATCH.value,
           "grappler": grappler_options(),
           "load_average": list(os.getloadavg()), "rows": rows}
@@ -218,13 +259,17 @@ def format_table(result):
   lines = [f"model={result['model']} K={result['num_modules']} "
            f"batch={result['batch_size']} grappler="
            f"{result.get('grappler') or 'default'} load average="
-           f"{'/'.join(f'{v:.1f}' for v in result['load_average'])}",
-           f"{'strategy':10} {'steps':>5} {'trace_s':>8} {'first_s':>8} "
+           f"{'/'.join(f'{v:.1f}' for v in result['load_average'])} "
+           f"jit_compile={result.get('jit_compile', False)}",
+           f"{'strategy':10} {'loop':8} {'graph':7} {'steps':>5} "
+           f"{'trace_s':>8} {'first_s':>8} "
            f"{'steady_s':>8} {'over_s':>8} {'trace_cpu':>9} "
            f"{'first_cpu':>9}"]
   dash = lambda v: "-" if v is None else f"{v:.2f}"  # noqa
   for row in result["rows"]:
-    lines.append(f"{row['strategy']:10} {row['steps_per_loop']:>5} "
+    lines.append(f"{row['strategy']:10} {row.get('loop') or '-':8} "
+                 f"{row.get('graph_optimization') or '-':7} "
+                 f"{row['steps_per_loop']:>5} "
                  f"{dash(row['trace_s']):>8} {row['first_s']:8.2f} "
                  f"{row['steady_s']:8.3f} {row['over_s']:8.2f} "
                  f"{dash(row['trace_cpu_s']):>9} "

@@ -44,6 +44,7 @@ def _trainer(steps_per_loop, traced=True, strategy="2wise", microbatches=1):
       loss_fn=helpers.cross_entropy,
       placement=placement_lib.make_placement("simulated", K),
       steps_per_loop=steps_per_loop, num_microbatches=microbatches)
+  trainer.loop = "unrolled"  # the per-module functions of unrolled steps
   trainer.step.functions.traced = traced
   trainer.build(x)
   iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))

@@ -21,6 +21,9 @@ BAD_FLAGS = [
     ("--model=vgg", "--model='vgg' is invalid"),
     ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
     ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
+    ("--loops=unrolled,scan", "--loops='unrolled,scan' is invalid"),
+    ("--graph_optimizations=none", "--graph_optimizations='none' is "
+     "invalid"),
 ]
 
 
@@ -61,4 +64,5 @@ def test_one_cell_times_tracing_then_steady_calls():
       cwd=binaries.ROOT, capture_output=True, text=True, check=True,
       timeout=120).stdout
   assert "load average=1.0/2.0/3.0" in table
-  assert table.splitlines()[-1].split()[:2] == ["2wise", "2"]
+  assert table.splitlines()[-1].split()[:4] == ["2wise", "unrolled",
+                                                "default", "2"]

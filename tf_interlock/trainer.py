@@ -7,10 +7,14 @@ ordering between step t and t + 1 is then the real one (module k's forward at
 t + 1 reads the weights its update at t wrote; TF orders reads and writes per
 variable), so module k can run step t + 1 while later modules finish step t.
 More unrolled steps per call give the runtime more room to overlap (the
-README's benchmark table measures it). Nothing in the step may serialize the
-graph: no shared metric variables, no host callbacks, no variable shared by
-two modules (loss scales are per module, see `engine`); metrics are returned
-tensors.
+README's benchmark table measures it). Where the window covers every module
+there is no such slack, and `loop="auto"` traces one step and loops it
+instead (`step_loop`), which cuts the first call's tracing and graph
+optimisation to one step's; `graph_optimization` gives the training call a
+lighter graph optimisation on CPU (`tf_private`). Nothing in the step may
+serialize the graph: no shared metric variables, no host callbacks, no
+variable shared by two modules (loss scales are per module, see `engine`);
+metrics are returned tensors.
 
 The same code runs under the default strategy, `MirroredStrategy` and
 `TPUStrategy`: each replica computes routed gradients for its share of the
@@ -46,7 +50,9 @@ from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
+from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
+from tf_interlock import tf_private
 
 _OPTIMIZERS_ALLOWED = ("one keras.optimizers.Optimizer (cloned for every "
                        "module), an optimizer name such as 'adam', a list "
@@ -156,6 +162,15 @@ class InterlockTrainer:
         metric_fn, self.placement)
     self._loop_fns = {}
     self._built = False
+    # How a call runs its steps: "auto", "unrolled" or "while" (read when
+    # a loop function is made, see `step_loop.resolve_loop`).
+    self.loop = "auto"
+    # The training call's graph optimisation: "auto", "default" or "light"
+    # (`tf_private.light_graph_optimization`); "auto" is light where every
+    # module runs on a CPU of this process (the passes it drops left the
+    # graph unchanged there; on a GPU the layout and memory passes may
+    # matter).
+    self.graph_optimization = "auto"
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._updates = [self.step.functions.add(
@@ -367,6 +382,14 @@ class InterlockTrainer:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
+    replicas = self.distribute.num_replicas_in_sync * (
+        1 if self.replicas is None else self.replicas.num_replicas)
+    if step_loop.resolve_loop(self.loop, self.strategy, self.num_modules,
+                              self.placement.one_process, replicas) == "while":
+      # One step traced, looped (`step_loop`).
+      return step_loop.make_while_loop(
+          step, num_steps, lambda calls: self.step.functions.tracing_loop(
+              calls * self.num_microbatches))
 
     def loop(iterator):
       # Runs while tracing: per-module functions only where this loop calls
@@ -424,7 +447,14 @@ class InterlockTrainer:
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
     try:
-      metrics = self.loop_function(num_steps)(iterator)
+      if self.graph_optimization == "light" or (
+          self.graph_optimization == "auto"
+          and self.placement.one_process
+          and not self.placement.on_accelerator()):
+        with tf_private.light_graph_optimization():
+          metrics = self.loop_function(num_steps)(iterator)
+      else:
+        metrics = self.loop_function(num_steps)(iterator)
     except tf.errors.OutOfRangeError:
       counters = [int(opt.iterations.numpy()) for opt in self.optimizers]
       raise DatasetEndedError(

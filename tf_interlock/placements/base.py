@@ -104,6 +104,10 @@ class Placement:
     needs_tpu: the run connects to a TPU (a name or grpc:// address).
     loop_on_host: the host calls the input iterator once per step (a TPU
       runs the loop on the device).
+    one_process: every module runs in this process on CPU or GPU (not a
+      TPU, not a cluster's workers), where `step_loop`'s "auto" may loop a
+      traced step and the training call may take TF's lighter graph
+      optimisation (`tf_private`).
   """
 
   kind = None
@@ -118,6 +122,7 @@ class Placement:
   needs_cluster = False
   needs_tpu = False
   loop_on_host = True
+  one_process = False
 
   def __new__(cls, kind=None, devices=None, distribute=None):
     del devices, distribute  # __init__'s

@@ -23,6 +23,7 @@ class SinglePlacement(base.Placement):
   """Every module on one device; a strategy may mirror the model."""
 
   kind = "single"
+  one_process = True
   traced = True
   compiles_replica_step = True
   data_parallel = True
@@ -161,6 +162,7 @@ class SimulatedPlacement(DevicePlacement):
   """Module k on logical CPU device k of this host."""
 
   kind = "simulated"
+  one_process = True
   device_type = "CPU"
   traced = True
   replica_device_type = "CPU"
@@ -182,6 +184,7 @@ class GpuPlacement(DevicePlacement):
   """Module k on GPU k of this host."""
 
   kind = "gpu"
+  one_process = True
   device_type = "GPU"
   traced = True
   replica_device_type = "GPU"

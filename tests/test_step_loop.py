@@ -1,0 +1,141 @@
+"""A training call as one traced step in a graph loop (`step_loop`): the
+same numbers as the unrolled steps, with one step in the graph."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import helpers
+from tf_interlock import placement as placement_lib
+from tf_interlock import step_loop
+from tf_interlock import strategy as strategy_lib
+from tf_interlock.trainer import InterlockTrainer
+
+K = 3
+
+
+def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True):
+  x, y = helpers.batch(size=8)
+  trainer = InterlockTrainer(
+      helpers.mlp_modules(K, batch_norm=True),
+      lambda k: keras.optimizers.Adam(0.01), strategy,
+      loss_fn=helpers.cross_entropy,
+      placement=placement_lib.make_placement("simulated", K),
+      steps_per_loop=steps_per_loop, num_microbatches=microbatches)
+  trainer.loop = loop
+  trainer.step.functions.traced = traced
+  trainer.build(x)
+  # Different batches every step: the loop must take them in order.
+  rng = np.random.default_rng(3)
+  xs = rng.normal(size=(64, x.shape[1])).astype("float32")
+  ys = rng.integers(0, helpers.NUM_CLASSES, size=(64,)).astype("int32")
+  dataset = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(
+      8, drop_remainder=True).repeat()
+  return trainer, iter(trainer.distribute_dataset(dataset))
+
+
+def _runs(strategy, microbatches, traced):
+  """{loop: (metrics of calls of 4, 4 and 3 steps, weights after them)}."""
+  runs = {}
+  for loop in step_loop.LOOPS:
+    trainer, iterator = _trainer(loop, strategy, microbatches, traced=traced)
+    metrics = [trainer.train_loop(iterator) for _ in range(2)]
+    metrics.append(trainer.train_loop(iterator, num_steps=3))
+    runs[loop] = metrics, helpers.weights(trainer.modules)
+  return runs["unrolled"], runs["while"]
+
+
+@pytest.mark.parametrize("strategy,microbatches",
+                         [("2wise", 1), ("e2e", 2), ("local", 1)])
+def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches):
+  # Both op by op: the loop alone differs, and changes no weight's bit.
+  (want, want_w), (got, got_w) = _runs(strategy, microbatches, traced=False)
+  assert len(got_w) == len(want_w)
+  for a, b in zip(got_w, want_w):
+    np.testing.assert_array_equal(a, b)
+  # The reported means: the graph optimiser may round a sum differently
+  # in the two graphs (seen: one float32 ulp).
+  for a, b in zip(got, want):
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
+                               rtol=3e-7)
+  # 11 steps changed the weights (the comparison is not of two starts).
+  fresh, _ = _trainer("unrolled", strategy, microbatches)
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(got_w, helpers.weights(fresh.modules)))
+
+
+def test_looped_equals_unrolled_with_per_module_functions():
+  # Unrolled, 4 calls per module and loop go through the per-module
+  # functions; the loop traces one step op by op (cheaper to trace). The
+  # two graphs then differ as traced and op by op do
+  # (tests/test_module_functions.py): in the last float bits.
+  (want, want_w), (got, got_w) = _runs("2wise", 1, traced=True)
+  for a, b in zip(got, want):
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
+                               rtol=1e-6)
+  for a, b in zip(got_w, want_w):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_looped_graph_holds_one_step():
+  graphs = {}
+  for loop in step_loop.LOOPS:
+    trainer, iterator = _trainer(loop, "2wise", 1, steps_per_loop=6)
+    graphs[loop] = trainer.loop_function(6).get_concrete_function(
+        iterator).graph
+  types = {loop: [op.type for op in g.get_operations()]
+           for loop, g in graphs.items()}
+  assert "While" in types["while"] and "While" not in types["unrolled"]
+  # The unrolled graph reads six batches; the looped one reads the first
+  # batch outside the loop and the others in its body (another graph).
+  assert types["unrolled"].count("IteratorGetNext") == 6
+  assert types["while"].count("IteratorGetNext") == 1
+  assert len(types["while"]) < len(types["unrolled"]) / 3
+  # The cost (step_loop's docstring): the body's loop variables wait, by
+  # control edges, for the step's call (every stateful op of the step), so
+  # step t + 1 starts after all of step t.
+  while_op = next(op for op in graphs["while"].get_operations()
+                  if op.type == "While")
+  body = while_op._body_graph  # pylint: disable=protected-access
+  waits = [c for out in body.outputs for c in out.op.control_inputs]
+  waits += [c for op in waits if op.type == "NoOp"
+            for c in op.control_inputs]
+  assert any(c.type == "StatefulPartitionedCall" for c in waits), waits
+
+
+def test_one_step_per_call_runs_no_loop():
+  trainer, iterator = _trainer("while", "2wise", 1, steps_per_loop=1)
+  graph = trainer.loop_function(1).get_concrete_function(iterator).graph
+  assert "While" not in [op.type for op in graph.get_operations()]
+  before = helpers.weights(trainer.modules)
+  metrics = trainer.train_loop(iterator)
+  assert set(metrics) >= {"module_1/loss", "module_3/grad_norm"}
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(before, helpers.weights(trainer.modules)))
+
+
+def test_auto_loops_where_steps_have_no_slack():
+  resolve = lambda s, k: step_loop.resolve_loop(  # noqa
+      "auto", strategy_lib.parse_strategy(s), k)
+  assert [resolve(s, 4) for s in ("e2e", "4wise", "6wise")] == ["while"] * 3
+  assert [resolve(s, 4) for s in ("local", "2wise", "3wise")] == [
+      "unrolled"] * 3
+  assert resolve("2wise", 2) == "while"
+  e2e = strategy_lib.parse_strategy("e2e")
+  # Each placement class says whether it runs every module in this process.
+  one_process = {name: placement_lib.get(name).one_process
+                 for name in placement_lib.KINDS}
+  assert one_process == {"single": True, "simulated": True, "gpu": True,
+                         "tpu": False, "cluster": False}
+  for name, expected in (("gpu", "while"), ("tpu", "unrolled"),
+                         ("cluster", "unrolled")):
+    assert step_loop.resolve_loop("auto", e2e, 4,
+                                  one_process[name]) == expected, name
+  assert step_loop.resolve_loop("auto", e2e, 4, True, 2) == "unrolled"
+  assert step_loop.resolve_loop("unrolled", strategy_lib.parse_strategy(
+      "e2e"), 4) == "unrolled"
+  with pytest.raises(ValueError, match=r"Received: loop='scan'"):
+    step_loop.resolve_loop("scan", strategy_lib.parse_strategy("e2e"), 4)
