@@ -137,7 +137,8 @@ def _start(case, work, args, module, hold=None):
   cluster = os.path.join(work, ".cluster")
   if os.path.exists(cluster):
     with open(cluster, encoding="utf-8") as f:
-      args = [a.replace("PEERS", f.read()) for a in args]
+      peers = f.read()
+    args = [a.replace("PEERS", peers) for a in args]
   args = [a.replace("IMPOSTOR0", _listener()).replace(
       "IMPOSTOR1", _listener()) for a in args]
   if module == "-c":
@@ -244,6 +245,14 @@ def _act(case, proc, work):
   for step in case.act:
     if step[0] == "sig":
       proc.send_signal(step[1])
+    elif step[0] == "fill":  # writes zeros until the disk is full
+      with open(os.path.join(work, step[1], "filler"), "wb") as f:
+        try:
+          while True:
+            f.write(b"\0" * (1 << 16))
+            f.flush()
+        except OSError:
+          pass
     elif step[0] == "worker":
       hostile_stops.PEERS[work][step[1]].send_signal(step[2])
     else:
@@ -272,7 +281,8 @@ def _finish(item, rows, reference, now, hung):
         verdict = f"ORPHAN ({len(left)} left running)"
     state.update(rc=proc.returncode, seconds=now, first=first,
                  verdict=verdict)
-    if case.resume and verdict.startswith("held"):
+    if case.resume and verdict.startswith("held") and (
+        case.expect != "either" or proc.returncode == 0):
       module, args = (case.resume if isinstance(case.resume, tuple)
                       else (case.module, case.resume))
       item[2] = _start(case, work, args, module)
