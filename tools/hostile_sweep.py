@@ -17,7 +17,6 @@ run at a time. Needs root (tmpfs and read-only bind mounts).
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -32,22 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools import hostile_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools import hostile_stops  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-FAILURES = ("HANG", "TRACEBACK", "SILENT", "UNCLEAR", "WROTE", "LOSS",
-            "LEFTOVER", "ORPHAN", "SLOW STOP", "FAILED", "NOT HELD")
-HASH = r"""
-import hashlib, sys, numpy as np, tensorflow as tf
-reader = tf.train.load_checkpoint(sys.argv[1])
-h = hashlib.sha256()
-for name in sorted(reader.get_variable_to_shape_map()):
-  if "save_counter" in name or name.startswith("_CHECKPOINTABLE"):
-    continue
-  value = np.asarray(reader.get_tensor(name))
-  h.update(name.encode())
-  h.update(repr(value.tolist()).encode() if value.dtype == object
-           else value.tobytes())
-print(h.hexdigest())
-"""
+from tools.hostile_judge import (_env, _orphans, checkpoint_hash, judge,  # pylint: disable=g-import-not-at-top,wrong-import-position
+                                 judge_resume, snapshot)
 
 
 def cases():
@@ -69,31 +54,6 @@ def _listener():
 _listener.socks = []
 
 
-def _env(**extra):
-  return dict(os.environ, PYTHONPATH=ROOT, **extra)
-
-
-def latest_step(model_dir):
-  """The highest ckpt-N with an index in model_dir/checkpoints, or None."""
-  try:
-    names = os.listdir(os.path.join(model_dir, "checkpoints"))
-  except OSError:
-    return None
-  steps = [int(n[5:-6]) for n in names
-           if n.startswith("ckpt-") and n.endswith(".index")
-           and n[5:-6].isdigit()]
-  return max(steps) if steps else None
-
-
-def checkpoint_hash(model_dir):
-  """sha256 of every variable of model_dir's latest ckpt (not its count)."""
-  prefix = os.path.join(model_dir, "checkpoints",
-                        f"ckpt-{latest_step(model_dir)}")
-  proc = subprocess.run([sys.executable, "-c", HASH, prefix], env=_env(
-      TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True, check=False)
-  return proc.stdout.strip() or f"unreadable: {proc.stderr[-300:]}"
-
-
 def prepare(base):
   """Trains the runs cases copy (HOSTILE_TRAINED, HOSTILE_OTHER_EXPORT) and
   the uninterrupted reference of RESUME; returns the reference's hash."""
@@ -108,28 +68,6 @@ def prepare(base):
   os.environ["HOSTILE_TRAINED"] = os.path.join(trained, "run")
   os.environ["HOSTILE_OTHER_EXPORT"] = os.path.join(other, "run", "export")
   return checkpoint_hash(os.path.join(ref, "run"))
-
-
-def snapshot(path):
-  """{relative path: kind and content hash} of `path`, links not followed,
-  FIFOs never opened."""
-  found = {}
-  if not os.path.lexists(path):
-    return None
-  for top, dirs, files in os.walk(path):
-    for name in dirs + files:
-      full = os.path.join(top, name)
-      st = os.lstat(full)
-      key = os.path.relpath(full, path)
-      if os.path.isfile(full) and not os.path.islink(full):
-        with open(full, "rb") as f:
-          found[key] = hashlib.sha256(f.read()).hexdigest()
-      else:
-        found[key] = oct(st.st_mode)
-  if os.path.isfile(path):
-    with open(path, "rb") as f:
-      found["."] = hashlib.sha256(f.read()).hexdigest()
-  return found
 
 
 def _start(case, work, args, module, hold=None):
@@ -154,91 +92,6 @@ def _start(case, work, args, module, hold=None):
       stdout=open(os.path.join(work, ".stdout"), "w"),
       stderr=open(os.path.join(work, ".stderr"), "w"),
       stdin=subprocess.DEVNULL)
-
-
-def _orphans(work):
-  """Pids of live processes whose command line names `work`."""
-  found = []
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if work.encode() in f.read():
-          found.append(int(pid))
-    except OSError:
-      pass
-  return found
-
-
-def _lines(work):
-  with open(os.path.join(work, ".stderr"), encoding="utf-8",
-            errors="replace") as f:
-    stderr = f.read()
-  errors = [line for line in stderr.splitlines()
-            if line.startswith(("error:", "FATAL Flags parsing error"))]
-  first = (errors or [line for line in stderr.splitlines() if line.strip()]
-           or [""])[0]
-  return stderr, errors, first
-
-
-def judge(case, rc, work, acted_at, seconds, held):
-  """The first phase's verdict."""
-  stderr, errors, first = _lines(work)
-  one = "held" if len(errors) == 1 else ("SILENT" if not errors else "UNCLEAR")
-  if "Traceback (most recent call last)" in stderr:
-    verdict = "TRACEBACK"
-  elif case.hold and not held:
-    verdict = "NOT HELD"
-  elif case.expect == "ok":
-    verdict = "held" if rc == 0 else "FAILED"
-  elif case.expect == "either":
-    verdict = "held" if rc == 0 and not errors else one
-  elif case.expect == "api":
-    good = errors and errors[0].startswith(("error: ValueError",
-                                            "error: TypeError"))
-    verdict = ("held" if rc == 0 else "FAILED") if case.api_ok else (
-        "held" if rc == 1 and good and "Received" in stderr and
-        len(errors) == 1 else ("SILENT" if rc == 0 else "UNCLEAR"))
-  elif case.expect == "refuse":
-    verdict = one if rc == 1 else ("SILENT" if rc == 0 else one)
-  elif case.expect == "killed":
-    verdict = "held" if acted_at is not None else "held (ended first)"
-  elif acted_at is None:
-    verdict = "held (ended first)" if rc == 0 or len(errors) == 1 else one
-  elif seconds - acted_at > case.stop_within:
-    verdict = f"SLOW STOP ({seconds - acted_at:.1f} s)"
-  else:
-    verdict = one
-  if case.absent and os.path.lexists(case.absent.replace("WORK", work)):
-    verdict = "WROTE"
-  return verdict, first
-
-
-def judge_resume(case, work, reference):
-  """The verdict of a case's resume: it must finish, restorable, equal."""
-  stderr, errors, _ = _lines(work)
-  if "Traceback (most recent call last)" in stderr:
-    return "TRACEBACK (resume)"
-  if case.module == "train.export":
-    ok = os.path.exists(os.path.join(work, "run/export/saved_model.pb"))
-    if errors or not ok:
-      return f"LOSS (re-export: {(errors or ['no export'])[0][:80]})"
-  else:
-    run = os.path.join(work, "run")
-    step = latest_step(run)
-    if errors or step is None:
-      return f"LOSS (resume: {(errors or ['no checkpoint'])[0][:80]})"
-    if case.reference:
-      if step != hostile_cases.RESUME_STEP:
-        return f"LOSS (resumed run ends at ckpt-{step})"
-      if checkpoint_hash(run) != reference:
-        return "LOSS (resumed run differs from the uninterrupted one)"
-  for top, dirs, files in os.walk(work):
-    for name in dirs + files:
-      if name.endswith("_temp") or ".export.old" in name or ".tmp-" in name:
-        return f"LEFTOVER ({os.path.relpath(os.path.join(top, name), work)})"
-  return "held (resumed" + (", equal)" if case.reference else ")")
 
 
 def _act(case, proc, work):
@@ -300,14 +153,91 @@ def _finish(item, rows, reference, now, hung):
   return True
 
 
-def run(all_cases, parallel=2):
+def batchable(case):
+  """A flag refusal that cannot block (no FIFO, loop or mount in reach):
+  run through the binary's main in one process with others of its binary
+  and environment (tests.refusals), TF's import paid once."""
+  return (case.expect == "refuse" and not case.hold and not case.act and
+          "PEERS" not in " ".join(case.args) and "IMPOSTOR" not in
+          " ".join(case.args) and not any(
+              a.endswith(("WORK/p", "WORK/a/c")) for a in case.args))
+
+
+def batch_groups(chosen, base):
+  """The batchable cases as groups of one binary and environment, each
+  group ready to run in one child: (module, env, members, command lines,
+  folders, cleanups and kept snapshots)."""
+  groups = {}
+  for index, case in chosen:
+    groups.setdefault((case.module, json.dumps(case.env)), []).append(
+        (index, case))
+  found = []
+  for (module, env), members in groups.items():
+    works, keeps, lines = [], [], []
+    for index, case in members:
+      work = os.path.join(base, f"case_{index}")
+      os.makedirs(work)
+      cleanup = case.setup(work) if case.setup else None
+      keeps.append((cleanup, case.keep and snapshot(
+          case.keep.replace("WORK", work))))
+      works.append(work)
+      lines.append([a.replace("WORK", work) for a in case.args])
+    found.append((module, json.loads(env), members, lines, works, keeps))
+  return found
+
+
+def start_batch(group, base):
+  module, env, members, lines, _, _ = group
+  path = os.path.join(base, f"batch_{members[0][0]}")
+  with open(path + ".in", "w", encoding="utf-8") as f:
+    json.dump(lines, f)
+  return subprocess.Popen(
+      [sys.executable, "-m", "tests.refusals", module], cwd=ROOT,
+      env=_env(**env), stdin=open(path + ".in", encoding="utf-8"),
+      stdout=open(path + ".out", "w"), stderr=subprocess.DEVNULL)
+
+
+def finish_batch(group, base, seconds, rows):
+  """Judges every case of a finished group from the child's JSON."""
+  _, _, members, _, works, keeps = group
+  seconds /= len(members)
+  with open(os.path.join(base, f"batch_{members[0][0]}.out"),
+            encoding="utf-8") as f:
+    out = f.read().strip().splitlines()
+  try:
+    results = json.loads(out[-1])
+  except (IndexError, ValueError):
+    results = [{"code": None, "stderr": "the batch died"}] * len(members)
+  for (index, case), work, (cleanup, kept), result in zip(
+      members, works, keeps, results):
+    with open(os.path.join(work, ".stderr"), "w", encoding="utf-8") as f:
+      f.write(result["stderr"])
+    verdict, first = judge(case, result["code"], work, None, seconds, False)
+    if case.keep and snapshot(case.keep.replace("WORK", work)) != kept:
+      verdict = "LOSS (" + case.keep.replace("WORK/", "") + " changed)"
+    if cleanup:
+      cleanup()
+    rows.append((index, case.name, result["code"], seconds, first,
+                 verdict + " [in-process]"))
+    print(f"{index:3d} {verdict:40s} {seconds:6.1f}s rc={result['code']} "
+          f"{case.name}: {first[:100]}", flush=True)
+
+
+def run(all_cases, parallel=2, report=lambda rows: None):
   """Runs the cases, `parallel` at a time; the table's rows."""
   base = tempfile.mkdtemp(prefix="hostile_sweep_")
   reference = prepare(base)
-  rows, pending, running = [], list(all_cases), []
+  rows, running = [], []
+  pending = [(None, group) for group in batch_groups(
+      [(i, c) for i, c in all_cases if batchable(c)], base)]
+  pending += [(i, c) for i, c in all_cases if not batchable(c)]
   while pending or running:
     while pending and len(running) < parallel:
       index, case = pending.pop(0)
+      if index is None:  # a batch of refusals
+        running.append([None, case, start_batch(case, base),
+                        time.monotonic()])
+        continue
       work = os.path.join(base, f"case_{index}")
       os.makedirs(work)
       state = {"cleanup": case.setup(work) if case.setup else None}
@@ -318,6 +248,12 @@ def run(all_cases, parallel=2):
                       "main", state])
     time.sleep(0.05)
     for item in list(running):
+      if item[0] is None:
+        if item[2].poll() is not None:
+          finish_batch(item[1], base, time.monotonic() - item[3], rows)
+          running.remove(item)
+          report(rows)
+        continue
       index, case, proc, started, work, acted_at, phase, _ = item
       now = time.monotonic() - started
       if phase == "main" and acted_at is None and case.act and (
@@ -336,6 +272,7 @@ def run(all_cases, parallel=2):
       if proc.poll() is not None and _finish(item, rows, reference, now,
                                              hung):
         running.remove(item)
+        report(rows)
   shutil.rmtree(base, ignore_errors=True)
   return sorted(rows)
 
@@ -367,16 +304,25 @@ def main():
             if not options.only or any(
                 part in c.name for part in options.only.split("|"))]
   started = time.time()
-  rows = run(chosen, options.parallel)
+
+  def report(rows, final=False):
+    if options.out:
+      write(options.out, sorted(rows), started, final)
+  rows = run(chosen, options.parallel, report)
+  print(table(rows)[0])
+  report(rows, final=True)
+
+
+def write(out, rows, started, final):
+  """Writes the table so far (the sweep's results survive a cut-off)."""
   text, counts = table(rows)
-  print(text)
-  if options.out:
-    with open(options.out, "w", encoding="utf-8") as f:
-      f.write(f"# Hostile sweep ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
+  if out:
+    with open(out, "w", encoding="utf-8") as f:
+      f.write(f"# Hostile sweep{'' if final else ' (in progress)'} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
               f"{time.time() - started:.0f} s, two cases at a time on a "
               f"loaded 2-core host)\n\nCommand: `python tools/hostile_sweep.py "
-              f"--out={options.out}`\n\n" + text)
-    with open(os.path.splitext(options.out)[0] + ".json", "w",
+              f"--out={out}`\n\n" + text)
+    with open(os.path.splitext(out)[0] + ".json", "w",
               encoding="utf-8") as f:
       json.dump({"counts": counts, "rows": rows}, f, indent=1)
 
