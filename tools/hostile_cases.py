@@ -351,7 +351,8 @@ def folder_cases():
            ["--json_out=WORK/mine/notes.txt"], setup=_mine, expect="stop",
            signal_after=15, keep="WORK/mine/notes.txt"),
       Case("research.compare into a read-only mount", "research.compare",
-           ["--out_dir=WORK/ro/c", "--preset=synthetic_mlp"],
+           ["--out_dir=WORK/ro/c", "--preset=synthetic_mlp",
+            "--train_steps=100"],
            setup=_read_only("ro"), absent="WORK/ro/c"),
   ]
   return found
