@@ -142,6 +142,10 @@ def check_json_out(path):
   if not tf.io.gfile.isdir(parent):
     raise ValueError(f"--json_out's folder {parent} does not exist (or is "
                      f"a file); create it first. Received: json_out={path!r}")
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise ValueError(f"--json_out={path} is not a regular file (a FIFO or a "
+                     f"device would block or take the report); give a file "
+                     f"path. Received: json_out={path!r}")
   if tf.io.gfile.exists(path):
     print(f"warning: --json_out={path} exists; this run replaces it at the "
           f"end", file=sys.stderr, flush=True)
