@@ -190,8 +190,8 @@ def cluster_cases():
                '"task": {"type": "ps", "index": 0}}'):
     found.append(Case(f"train TF_CONFIG={text!r}", "train.train",
                       TT + ["--model_dir=WORK/run"], env={"TF_CONFIG": text},
-                      absent="WORK/run", expect="either" if text == "" else
-                      "refuse"))
+                      absent=None if text == "" else "WORK/run",
+                      expect="either" if text == "" else "refuse"))
   found.append(Case("train.worker TF_CONFIG=[1,2]", "train.worker", [],
                     env={"TF_CONFIG": "[1,2]"}))
   return found
