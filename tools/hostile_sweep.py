@@ -288,7 +288,7 @@ def table(rows):
                  f"{seconds:.1f} | {cell} | {verdict} |")
   counts = {}
   for row in rows:
-    key = row[5].split(" (")[0]
+    key = row[5].split(" (")[0].split(" [")[0]
     counts[key] = counts.get(key, 0) + 1
   lines.append("")
   lines.append(f"{len(rows)} cases: " + ", ".join(
