@@ -521,6 +521,10 @@ def check_json_out(path, flag="json_out"):
   if not tf.io.gfile.isdir(parent):
     raise ValueError(f"--{flag}'s folder {parent} does not exist (or is "
                      f"a file); create it first. Received: {flag}={path!r}")
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise ValueError(f"--{flag}={path} is not a regular file (a FIFO or a "
+                     f"device would block or take the report); give a file "
+                     f"path. Received: {flag}={path!r}")
   if tf.io.gfile.exists(path):
     print(f"warning: --{flag}={path} exists; this run replaces it at the "
           f"end", file=sys.stderr, flush=True)

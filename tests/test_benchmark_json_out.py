@@ -2,8 +2,11 @@
 folder or a path in a missing folder is refused in one line at once, not
 after the whole benchmark."""
 
+import os
+
 import pytest
 
+from tests import refusals
 from tests.binaries import run_binary
 
 pytestmark = pytest.mark.slow
@@ -32,3 +35,19 @@ def test_xla_benchmark_out_is_refused_before_the_run(tmp_path):
   assert "does not exist (or is a file)" in errors[0] and errors[0].endswith(
       f"Received: out={path!r}"), errors
   assert proc.stdout == ""
+
+
+def test_a_fifo_or_device_json_out_is_refused_before_the_run(tmp_path):
+  # A FIFO was "replaced at the end": the whole benchmark ran first, then
+  # its report blocked on the FIFO (or went into /dev/null).
+  fifo = str(tmp_path / "p")
+  os.mkfifo(fifo)
+  results = refusals.run("research.benchmark", [[f"--json_out={fifo}"],
+                                                ["--json_out=/dev/null"]])
+  for result, path in zip(results, (fifo, "/dev/null")):
+    errors = result["stderr"].strip().splitlines()
+    assert result["code"] == 1 and len(errors) == 1, errors
+    assert errors[0] == (f"error: --json_out={path} is not a regular file "
+                         "(a FIFO or a device would block or take the "
+                         "report); give a file path. Received: "
+                         f"json_out={path!r}"), errors

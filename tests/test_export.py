@@ -288,6 +288,24 @@ def test_leftovers_of_a_killed_export_are_removed_only_if_ours(tmp_path):
   assert (theirs / "user.txt").read_text() == "keep"
 
 
+def test_an_export_killed_while_writing_is_removed_by_the_next(tmp_path):
+  # SIGKILL inside tf.saved_model.save: the temporary folder holds the
+  # SavedModel's entries and the first marker, which lists only itself.
+  path = tmp_path / "export"
+  _mlp_export(path, owner="run-a")
+  killed = tmp_path / ".export.tmp-0123abcd"
+  shutil.copytree(path, killed)
+  marker = json.loads((killed / export_dir_lib.MARKER).read_text())
+  marker["files"] = [export_dir_lib.MARKER]
+  (killed / export_dir_lib.MARKER).write_text(json.dumps(marker))
+  other = tmp_path / ".export.tmp-4567cdef"  # the same, plus a user's file
+  shutil.copytree(killed, other)
+  (other / "user.txt").write_text("keep")
+  _mlp_export(path, seed=1, owner="run-a")
+  assert sorted(os.listdir(tmp_path)) == [".export.tmp-4567cdef", "export"]
+  assert (other / "user.txt").read_text() == "keep"
+
+
 def test_a_complete_export_left_aside_is_put_back_not_deleted(tmp_path):
   # Killed between the two moves of a replace: export/ is gone and the only
   # complete export is .export.old-*; the next export must not delete it.

@@ -88,6 +88,14 @@ def test_a_model_replaces_its_own_export_and_no_one_elses(tmp_path):
     ('{"cluster": {"worker": "h:1"}}', "must be a list of host:port"),
     ('{"cluster": {"worker": [1, 2]}, "task": {"type": "worker"}}',
      "must be a list of host:port"),
+    # Else a "ps" task trained alone, exit 0; the others were TF's lines
+    # without TF_CONFIG's name.
+    ('{"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", '
+     '"index": 0}}', "task.type must be 'chief' or 'worker'"),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", '
+     '"index": 5}}', "task.index=5 must name one of the 1 'worker' tasks"),
+    ('{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", '
+     '"index": 0}}', "cluster entry 'nohost' is not host:port"),
 ])
 def test_a_malformed_tf_config_is_one_line(monkeypatch, text, words):
   monkeypatch.setenv("TF_CONFIG", text)

@@ -132,8 +132,20 @@ def remove_stale(export_dir, owner):
       paths.move_dir(path, export_dir, last=MARKER)
   for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
     if tf.io.gfile.isdir(path) and (
-        not tf.io.gfile.listdir(path) or _owned(path, owner)):
+        not tf.io.gfile.listdir(path) or _owned(path, owner) or
+        _killed_write(path, owner)):
       owned_dir.remove_marked(path, MARKER)
+
+
+def _killed_write(directory, owner):
+  """True if `directory` is a `.tmp-*` of `owner` killed while the SavedModel
+  was written: its first marker (listing only itself) and SavedModel
+  entries, nothing else."""
+  marker = read_marker(directory)
+  return (owner is not None and marker is not None and
+          marker.get("owner") == owner and marker.get("files") == [MARKER]
+          and all(name.rstrip("/") in _SAVED_MODEL_ENTRIES
+                  for name in tf.io.gfile.listdir(directory)))
 
 
 def _replace_dir(new_dir, export_dir, old_dir):

@@ -189,8 +189,10 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
         stop_watchdog.start(interrupted)
       try:
         return main(argv)
-      except app.UsageError:
-        raise  # absl prints the usage line itself
+      except app.UsageError as e:  # absl would print its whole usage text
+        _fail(f"{e}: this binary takes no positional arguments, only "
+              f"--name=value flags (see --helpshort). Received: "
+              f"arguments={argv[1:]!r}")
       except KeyboardInterrupt:
         _fail(f"interrupted (SIGINT); {interrupted}", _STOPPED)
       except Terminated as e:

@@ -67,6 +67,24 @@ def _tf_config():
              for v in jobs.values()):
     raise ValueError(f"{shape}: every cluster job must be a list of "
                      f"host:port. Received: TF_CONFIG={text[:200]!r}")
+  for address in (a for v in jobs.values() for a in v):
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+      raise ValueError(f"{shape}: cluster entry {address!r} is not "
+                       f"host:port with a port in 1..65535. "
+                       f"Received: TF_CONFIG={text[:200]!r}")
+  task = value.get("task") or {}
+  if task and task.get("type") not in ("chief", "worker"):
+    # Else a "ps" or "evaluator" task would train alone, saying nothing.
+    raise ValueError(f"{shape}: task.type must be 'chief' or 'worker' "
+                     f"(no parameter servers or evaluators here). "
+                     f"Received: TF_CONFIG={text[:200]!r}")
+  count = len(jobs.get(task.get("type"), []))
+  if task and index >= count:
+    raise ValueError(f"{shape}: task.index={index} must name one of the "
+                     f"{count} {task['type']!r} tasks of its cluster"
+                     f"{f' (0..{count - 1})' if count else ''}. "
+                     f"Received: TF_CONFIG={text[:200]!r}")
   return value
 
 
