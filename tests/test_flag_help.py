@@ -107,7 +107,7 @@ def problems(helps, config_helps):
 
 def _config_helps():
   return {field.name: config_lib.field_help(field.name)
-          for field in dataclasses.fields(config_lib.Config)}
+          for field in config_lib.flat_fields()}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_every_binary_is_found():
 
 def test_every_config_field_stores_a_help():
   helps = _config_helps()
-  assert set(helps) == {f.name for f in dataclasses.fields(config_lib.Config)}
+  assert set(helps) == {f.name for f in config_lib.flat_fields()}
   assert problems({"train.config": helps}, {}) == []
 
 
