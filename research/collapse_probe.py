@@ -109,7 +109,7 @@ def parse_run(spec):
 
 def parse_overrides(items, config):
   """['optimizer=sgd', 'learning_rate=0.1'] -> {field: typed value}."""
-  fields = {f.name for f in dataclasses.fields(config)}
+  fields = {f.name for f in config.flat_fields()}
   parsed = {}
   for item in items:
     name, sep, text = item.partition("=")

@@ -299,6 +299,11 @@ class Config:
                            f"name={name!r}")
     return getattr(getattr(self, GROUP_OF[name]), name)
 
+  @classmethod
+  def flat_fields(cls):
+    """The `dataclasses.Field` of every flat field, in declaration order."""
+    return tuple(_FIELDS.values())
+
   def flat(self):
     """{flat field name: value} of every field, as flags name them."""
     return {name: self.get(name) for name in _FIELDS}
@@ -314,7 +319,7 @@ class Config:
 
 def flat_fields():
   """The `dataclasses.Field` of every flat field, in declaration order."""
-  return tuple(_FIELDS.values())
+  return Config.flat_fields()
 
 
 def field_help(name):
