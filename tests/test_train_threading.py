@@ -26,7 +26,7 @@ FLAGS = ["--preset=synthetic_mlp", "--placement=simulated", "--mlp_width=64",
 
 def _config(**fields):
   return dataclasses.replace(config_lib.load_preset("synthetic_mlp"),
-                             placement="simulated", **fields)
+                             **{"placement": "simulated", **fields})
 
 
 def test_default_is_one_device_of_one_thread_per_module():
