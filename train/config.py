@@ -176,7 +176,8 @@ def _check_choices(config):
   if config.interlock.variant is not None:
     check_choice("variant", config.interlock.variant, strategy_lib.VARIANTS)
   try:
-    strategy_lib.parse_strategy(config.interlock.strategy, config.interlock.variant)
+    strategy_lib.parse_strategy(config.interlock.strategy,
+                                config.interlock.variant)
   except ValueError as e:
     fail("strategy", config.interlock.strategy, str(e).split(". Received")[0])
   if config.network.model == "transformer" and not config.is_text:
@@ -212,14 +213,17 @@ def _check_numbers(config):
     check_number(name, value, minimum=0, integer=True)
     if value != 1 and not placement.splits_host_cpu:
       fail(name, value, f"applies only to placement=simulated (placement="
-           f"{config.devices.placement} uses the devices as they are); leave it 1")
+           f"{config.devices.placement} uses the devices as they are); "
+           "leave it 1")
   if config.devices.modules_per_device and (
       config.interlock.num_modules % config.devices.modules_per_device):
     fail("modules_per_device", config.devices.modules_per_device,
-         f"must divide num_modules={config.interlock.num_modules} (or be 0: chosen)")
+         f"must divide num_modules={config.interlock.num_modules} "
+         "(or be 0: chosen)")
   check_positive("resnet_width", config.network.resnet_width)
   check_positive("lr_decay_factor", config.optim.lr_decay_factor)
-  check_number("warmup_steps", config.optim.warmup_steps, minimum=0, integer=True)
+  check_number("warmup_steps", config.optim.warmup_steps, minimum=0,
+               integer=True)
   check_number("weight_decay", config.optim.weight_decay, minimum=0)
   # momentum 1 would never forget a gradient: the velocity grows unbounded.
   check_number("momentum", config.optim.momentum, minimum=0, below=1)
@@ -241,8 +245,8 @@ def _check_length(config):
   if config.run.train_steps is None and config.run.epochs is None and (
       config.run.time_budget_s is None):
     fail("train_steps", None, "set train_steps, epochs or time_budget_s")
-  if config.optim.lr_schedule != "constant" and config.run.train_steps is None and (
-      config.run.epochs is None):
+  if config.optim.lr_schedule != "constant" and (
+      config.run.train_steps is None and config.run.epochs is None):
     fail("lr_schedule", config.optim.lr_schedule, "a decaying schedule needs "
          "--train_steps or --epochs (a time budget alone gives no length)")
   if config.run.train_steps is not None and (
@@ -262,17 +266,18 @@ def _check_split(config):
     fail("num_modules", config.interlock.num_modules,
          f"at most {blocks} modules: the {_network(config)} has {blocks} "
          "blocks")
-  if config.interlock.split is None:
+  split, num_modules = config.interlock.split, config.interlock.num_modules
+  if split is None:
     return
   if blocks is None:  # the MLP: any positive number of layers per module
-    if len(config.interlock.split) != config.interlock.num_modules or min(config.interlock.split) < 1:
-      fail("split", ",".join(map(str, config.interlock.split)),
-           f"needs {config.interlock.num_modules} positive counts of hidden layers, "
+    if len(split) != num_modules or min(split) < 1:
+      fail("split", ",".join(map(str, split)),
+           f"needs {num_modules} positive counts of hidden layers, "
            "one per module of the mlp")
-  elif (len(config.interlock.split) != config.interlock.num_modules or min(config.interlock.split) < 1 or
-        sum(config.interlock.split) != blocks):
-    fail("split", ",".join(map(str, config.interlock.split)),
-         f"needs {config.interlock.num_modules} positive block counts adding up to "
+  elif (len(split) != num_modules or min(split) < 1 or
+        sum(split) != blocks):
+    fail("split", ",".join(map(str, split)),
+         f"needs {num_modules} positive block counts adding up to "
          f"the {blocks} blocks of the {_network(config)}")
 
 
@@ -363,12 +368,12 @@ def validate(config, num_replicas=1):
   check_batch(config, num_replicas)
   placement = placement_of(config)
   if placement.needs_tpu and not config.devices.tpu:
-    fail("tpu", config.devices.tpu, f"placement={config.devices.placement} needs --tpu "
-         "(name or grpc://)")
+    fail("tpu", config.devices.tpu, f"placement={config.devices.placement} "
+         "needs --tpu (name or grpc://)")
   if placement.always_xla and config.devices.jit_compile == "false":
-    fail("jit_compile", config.devices.jit_compile, f"placement={config.devices.placement} "
-         "always compiles with XLA (a TPU runs only XLA programs); use auto "
-         "or true")
+    fail("jit_compile", config.devices.jit_compile,
+         f"placement={config.devices.placement} always compiles with XLA "
+         "(a TPU runs only XLA programs); use auto or true")
   _check_cluster(config)
   _check_directory("source_dir", config.data.source_dir, may_create=False)
   _check_directory("data_dir", config.data.data_dir, may_create=True)
@@ -376,4 +381,5 @@ def validate(config, num_replicas=1):
 
 def jit_compile_value(config):
   """--jit_compile as `InterlockTrainer` takes it: True, False or "auto"."""
-  return {"auto": "auto", "true": True, "false": False}[config.devices.jit_compile]
+  return {"auto": "auto", "true": True,
+          "false": False}[config.devices.jit_compile]
