@@ -207,7 +207,7 @@ def baseline_report():
   """Plain Keras fit and e2e without aux heads, default threading."""
   s = spec()
   plain = benchmark_lib.run_plain_keras(s)
-  placement = placement_lib.make_placement("single", s.config.num_modules)
+  placement = placement_lib.make_placement("single", s.config.interlock.num_modules)
   _, e2e = benchmark_lib.run_strategy(s, "e2e", placement, aux_heads=False)
   return {"plain_keras_step_s": plain, "e2e_single_step_s": e2e,
           "e2e_overhead_vs_keras": e2e / plain,

@@ -52,8 +52,8 @@ class Spec:
   @property
   def task(self):
     """The `datasets.Task` of the random batch (no datasets in it)."""
-    if self.config.model == "transformer":
-      return datasets.Task("lm", self.config.vocab_size, self.input_shape,
+    if self.config.network.model == "transformer":
+      return datasets.Task("lm", self.config.data.vocab_size, self.input_shape,
                            tf.int32, None, None)
     return datasets.Task("classification", NUM_CLASSES, self.input_shape,
                          tf.float32, None, None)
@@ -88,7 +88,7 @@ def make_spec(model="mlp", num_modules=4, *, preset="resnet20", width=1024,
     config = dataclasses.replace(
         config_lib.load_preset("fortunes_lm"), split=per_module,
         num_layers=num_modules * layers_per_module, **common)
-    return Spec(config, (config.seq_len,), steps)
+    return Spec(config, (config.network.seq_len,), steps)
   if model == "resnet":
     config = config_lib.Config(model="resnet", resnet_preset=preset,
                                aux_head=resnet_aux_head, **common)
@@ -134,7 +134,7 @@ def build_modules(spec, aux_heads=True):
 def make_batch(spec):
   """One fixed batch (features, labels) of the benchmark's shape."""
   rng = np.random.default_rng(0)
-  task, batch_size = spec.task, spec.config.batch_size
+  task, batch_size = spec.task, spec.config.run.batch_size
   if task.kind == "lm":
     ids = rng.integers(0, task.num_classes,
                        size=(batch_size, task.input_shape[0] + 1))
@@ -181,7 +181,7 @@ def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False):
   trainer = InterlockTrainer(
       build_modules(spec, aux_heads),
       lambda k: optimization.make_optimizer(spec.config, None), strategy,
-      placement=placement, steps_per_loop=spec.config.steps_per_loop,
+      placement=placement, steps_per_loop=spec.config.run.steps_per_loop,
       num_microbatches=microbatches, jit_compile=jit_compile)
   trainer.build(make_batch(spec)[0])
   return trainer
@@ -196,7 +196,7 @@ def run_strategy(spec, name, placement, aux_heads=True, stats=None,
   dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   iterator = iter(trainer.distribute_dataset(dataset))
   timed = time_call_stats(lambda: trainer.train_loop(iterator), spec.steps)
-  per_step = {k: v / spec.config.steps_per_loop for k, v in timed.items()}
+  per_step = {k: v / spec.config.run.steps_per_loop for k, v in timed.items()}
   if stats is not None:
     stats.update(per_step)
   return trainer, per_step["median"]
@@ -217,15 +217,15 @@ def run_plain_keras(spec, jit_compile="auto"):
   model.compile(optimizer=optimization.make_optimizer(spec.config, None),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
-                steps_per_execution=spec.config.steps_per_loop,
+                steps_per_execution=spec.config.run.steps_per_loop,
                 jit_compile=jit_compile)
   dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
   # One short fit builds the model, optimizer and metrics (as
   # trainer.build does for the strategies) and makes the train function.
-  model.fit(dataset, steps_per_epoch=spec.config.steps_per_loop, verbose=0)
+  model.fit(dataset, steps_per_epoch=spec.config.run.steps_per_loop, verbose=0)
   iterator = iter(dataset)
   seconds = time_calls(lambda: model.train_function(iterator), spec.steps)
-  return seconds / spec.config.steps_per_loop
+  return seconds / spec.config.run.steps_per_loop
 
 
 class _EpochTimes(keras.callbacks.Callback):
@@ -265,7 +265,7 @@ def run_fit(spec, name, placement):
   model = keras_model.InterlockModel(build_modules(spec), strategy,
                                      placement=placement,
                                      num_microbatches=microbatches)
-  per_call = spec.config.steps_per_loop
+  per_call = spec.config.run.steps_per_loop
   model.compile(
       optimizer=lambda k: optimization.make_optimizer(spec.config, None),
       steps_per_execution=per_call)
@@ -357,7 +357,7 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,
-                  "examples_per_s": spec.config.batch_size / step}
+                  "examples_per_s": spec.config.run.batch_size / step}
     if fit:
       fit_step = run_fit(spec, name, placement)
       rows[name].update(fit_step_s=fit_step["call"],

@@ -109,14 +109,14 @@ def parse_run(spec):
 
 def parse_overrides(items, config):
   """['optimizer=sgd', 'learning_rate=0.1'] -> {field: typed value}."""
-  fields = {f.name for f in dataclasses.fields(config)}
+  fields = {f.name for f in config.flat_fields()}
   parsed = {}
   for item in items:
     name, sep, text = item.partition("=")
     if not sep or name not in fields:
       raise ValueError(f"overrides must be FIELD=VALUE with a Config field. "
                        f"Received: overrides={item!r}")
-    kind = type(getattr(config, name))
+    kind = type(config.get(name))
     parsed[name] = kind(text) if kind in (int, float, str) else text
   return parsed
 
@@ -247,7 +247,7 @@ def run_one(base, spec, steps, schedule_steps, probe_every, out=print):
     ablate_norms(modules[1], ablation)
   trainer = InterlockTrainer(
       modules, lambda k: optimization.make_optimizer(config, schedule_steps),
-      config.strategy, variant=config.variant, steps_per_loop=1)
+      config.interlock.strategy, variant=config.interlock.variant, steps_per_loop=1)
   trainer.build(next(iter(task.train.take(1)))[0])
   if ablation == "unigram_bias":
     log_probs = unigram_log_probs(task.train, task.num_classes,
@@ -394,7 +394,7 @@ def write_outputs(report_dir, results):
 def main(argv):
   del argv
   base = config_lib.load_preset(_LM_PRESET.value)
-  if not base.is_text or base.model != "transformer":
+  if not base.is_text or base.network.model != "transformer":
     raise app.UsageError(f"--lm_preset must be a Transformer LM preset. "
                          f"Received: lm_preset={_LM_PRESET.value!r}")
   for flag, value in (("run_steps", _RUN_STEPS.value),

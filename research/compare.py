@@ -98,28 +98,28 @@ def make_study(strategies, seeds, eval_points, jobs, out_dir):
   overrides = study_lib.config_overrides(
       {field.name: (not flags.FLAGS[field.name].using_default_value,
                     flags.FLAGS[field.name].value)
-       for field in dataclasses.fields(config_lib.Config)})
+       for field in config_lib.flat_fields()})
   config = dataclasses.replace(flags_lib.config_from_flags(),
                                model_dir=out_dir)
   if "eval_batches" not in overrides:  # the whole split
     overrides["eval_batches"] = "none"
     config = dataclasses.replace(config, eval_batches=None)
-  if config.train_steps is None:
+  if config.run.train_steps is None:
     raise ValueError(f"compare runs a fixed number of steps: set "
                      f"--train_steps (preset {flags_lib.PRESET.value} has "
                      "none). Received: train_steps=None")
-  strategies = study_lib.strategy_names(strategies, config.num_modules)
+  strategies = study_lib.strategy_names(strategies, config.interlock.num_modules)
   for strategy in strategies:
     config_lib.validate(dataclasses.replace(config, strategy=strategy))
-  every = study_lib.eval_every_steps(config.train_steps, eval_points,
-                                     config.steps_per_loop)
+  every = study_lib.eval_every_steps(config.run.train_steps, eval_points,
+                                     config.run.steps_per_loop)
   return study_lib.Study(
       preset=flags_lib.PRESET.value, overrides=overrides,
       strategies=tuple(strategies),
-      seeds=tuple(config.seed + i for i in range(seeds)),
-      train_steps=config.train_steps, eval_every_steps=every,
+      seeds=tuple(config.run.seed + i for i in range(seeds)),
+      train_steps=config.run.train_steps, eval_every_steps=every,
       metric="perplexity" if config.is_text else "accuracy",
-      num_modules=config.num_modules, out_dir=out_dir, jobs=jobs)
+      num_modules=config.interlock.num_modules, out_dir=out_dir, jobs=jobs)
 
 
 def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):

@@ -44,7 +44,7 @@ def run_stats(model_dir, batches):
   config = config_lib.on_one_device(run_io.config_from_run(run))
   if not config.is_text:
     raise ValueError(f"feature_stats reads language-model runs; this run "
-                     f"trains on {config.dataset}. "
+                     f"trains on {config.data.dataset}. "
                      f"Received: model_dir={model_dir!r}")
   latest = run.latest_checkpoint(None, flag="--model_dir", for_writing=False)
   if latest is None:

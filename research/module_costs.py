@@ -66,7 +66,7 @@ def per_block(config):
   if blocks is None:
     raise ValueError(f"--balance_into needs a network of fixed blocks "
                      f"(resnet or transformer). Received: "
-                     f"model={config.model}")
+                     f"model={config.network.model}")
   return dataclasses.replace(config, num_modules=blocks, split=(1,) * blocks,
                              placement="simulated", threads_per_device=1,
                              modules_per_device=1)
@@ -88,10 +88,10 @@ def measure(config, repeats, repetitions=1):
       "costs_max": [dataclasses.asdict(c) for c in high],
       "repetitions": repetitions,
       "has_aux": [bool(m.has_aux_head) for m in trainer.modules],
-      "num_microbatches": config.num_microbatches,
-      "num_modules": config.num_modules,
-      "placement": config.placement,
-      "batch_size": config.batch_size,
+      "num_microbatches": config.interlock.num_microbatches,
+      "num_modules": config.interlock.num_modules,
+      "placement": config.devices.placement,
+      "batch_size": config.run.batch_size,
       "onednn": runtime_env.onednn_state(),
   }
 

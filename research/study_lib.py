@@ -403,7 +403,7 @@ def config_overrides(flag_values):
     ValueError: for a field compare sets itself.
   """
   given = {}
-  for field in dataclasses.fields(config_lib.Config):
+  for field in config_lib.flat_fields():
     is_given, text = flag_values[field.name]
     if not is_given:
       continue

@@ -169,7 +169,7 @@ def _first_and_steady(call, calls):
 
 def time_strategy(s, name):
   """One strategy on K simulated devices: trace, first and steady seconds."""
-  num_modules = s.config.num_modules
+  num_modules = s.config.interlock.num_modules
   placement_lib.configure_simulated_devices(num_modules)
   placement = placement_lib.make_placement("simulated", num_modules)
   trainer = benchmark_lib.build_trainer(s, name, placement,
@@ -178,7 +178,7 @@ def time_strategy(s, name):
   trainer.graph_optimization = _OPTIMIZATION.value
   dataset = tf.data.Dataset.from_tensors(benchmark_lib.make_batch(s))
   iterator = iter(trainer.distribute_dataset(dataset.repeat()))
-  loop = trainer.loop_function(s.config.steps_per_loop)
+  loop = trainer.loop_function(s.config.run.steps_per_loop)
   trace, trace_cpu = _timed(lambda: loop.get_concrete_function(iterator))
   # The concrete function is cached: the first call now optimises and runs
   # it; first_s adds the tracing back so that it means the same as Keras's.
@@ -197,7 +197,7 @@ def time_keras(s):
   model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
-                steps_per_execution=s.config.steps_per_loop,
+                steps_per_execution=s.config.run.steps_per_loop,
                 jit_compile=_JIT.value)
   x, _ = benchmark_lib.make_batch(s)
   model.build((None,) + x.shape[1:])

@@ -412,17 +412,17 @@ def compare_from_flags(model_fn, data, config, given, *, preset_given,
         f"stand for the preset); the flags it takes besides compare's: "
         f"{', '.join('--' + n for n in sorted(allowed))}. "
         f"Received: {name} given")
-  args = {CONFIG_ARGS[name]: getattr(config, name)
+  args = {CONFIG_ARGS[name]: config.get(name)
           for name in given & set(CONFIG_ARGS)}
   if "aux_head" in args:
     args["aux_head"] = _AUX_HEADS[args["aux_head"]]
   if given & {"optimizer", "learning_rate"}:
-    optimizer = keras.optimizers.get(config.optimizer if "optimizer" in given
+    optimizer = keras.optimizers.get(config.optim.optimizer if "optimizer" in given
                                      else "adam")
     if "learning_rate" in given:
-      optimizer = type(optimizer)(learning_rate=config.learning_rate)
+      optimizer = type(optimizer)(learning_rate=config.optim.learning_rate)
     args["optimizer"] = optimizer
-  first = config.seed if "seed" in given else 0
+  first = config.run.seed if "seed" in given else 0
   _check("seeds", seeds, 1)
   return compare(model_fn, data, seeds=tuple(first + i for i in range(seeds)),
                  **args, **kwargs)

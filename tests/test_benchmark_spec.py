@@ -25,8 +25,8 @@ def test_mlp_spec_is_a_config_built_by_the_production_mlp_builder():
                                  layers_per_module=2, batch_size=8,
                                  steps_per_loop=4)
   config = spec.config
-  assert (config.model, config.mlp_width, config.num_modules, config.split,
-          config.batch_size, config.steps_per_loop) == (
+  assert (config.network.model, config.network.mlp_width, config.interlock.num_modules, config.interlock.split,
+          config.run.batch_size, config.run.steps_per_loop) == (
               "mlp", 16, 3, (2, 2, 2), 8, 4)
   modules = benchmark_lib.build_modules(spec)
   # The production MLP's names, its layers: 2 hidden Dense(16) per module,
@@ -51,20 +51,20 @@ def test_lm_spec_takes_the_fortunes_lm_presets_shape():
   config = spec.config
   for field in ("vocab_size", "seq_len", "d_model", "num_heads", "mlp_dim",
                 "dataset"):
-    assert getattr(config, field) == getattr(preset, field), field
-  assert (config.num_layers, config.split) == (6, (3, 3))
-  assert spec.task.num_classes == preset.vocab_size
+    assert config.get(field) == preset.get(field), field
+  assert (config.network.num_layers, config.interlock.split) == (6, (3, 3))
+  assert spec.task.num_classes == preset.data.vocab_size
   x, y = benchmark_lib.make_batch(spec)
-  assert x.shape == y.shape == (4, preset.seq_len)
+  assert x.shape == y.shape == (4, preset.network.seq_len)
   # Labels are the next token of the same random stream.
   np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
-  assert x.max() < preset.vocab_size
+  assert x.max() < preset.data.vocab_size
 
 
 def test_resnet_spec_without_heads_is_split_as_aux_head_none():
   spec = benchmark_lib.make_spec("resnet", num_modules=3, image_size=16,
                                  resnet_aux_head="pool")
-  assert spec.config.aux_head == "pool"
+  assert spec.config.network.aux_head == "pool"
   assert spec.task.input_shape == (16, 16, 3)
   with_heads = benchmark_lib.build_modules(spec)
   assert [m.aux_head is not None for m in with_heads] == [True, True, False]

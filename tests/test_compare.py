@@ -152,7 +152,7 @@ def test_compare_over_seeds_reports_and_reuses_runs(tmp_path):
 
 
 def test_flags_compare_sets_or_cannot_space_evenly():
-  fields = {f.name: (False, None) for f in dataclasses.fields(config.Config)}
+  fields = {f.name: (False, None) for f in config.flat_fields()}
   given = dict(fields, batch_size=(True, "64"), seed=(True, "3"))
   assert study_lib.config_overrides(given) == {"batch_size": "64",
                                                "seed": "3"}
@@ -170,7 +170,7 @@ def test_flags_compare_sets_or_cannot_space_evenly():
 def test_a_strategy_name_fixes_its_variant_whatever_the_preset():
   # fortunes_lm's preset trains 2wise "sum"; in a study "2wise" still means
   # the "only" rule, and "2wise-sum" the sum.
-  assert config.load_preset("fortunes_lm").variant == "sum"
+  assert config.load_preset("fortunes_lm").interlock.variant == "sum"
   study = study_lib.Study(
       preset="fortunes_lm", overrides={"batch_size": "8"},
       strategies=("2wise", "2wise-sum"), seeds=(0,), train_steps=10,
@@ -181,7 +181,7 @@ def test_a_strategy_name_fixes_its_variant_whatever_the_preset():
     assert args[:2] == ["--preset=fortunes_lm", "--batch_size=8"]
     assert f"--strategy={strategy}" in args
     assert f"--variant={variant}" in args
-  fields = {f.name: (False, None) for f in dataclasses.fields(config.Config)}
+  fields = {f.name: (False, None) for f in config.flat_fields()}
   with pytest.raises(ValueError, match="--variant is set by compare; use "
                      r"--strategies \(e.g. 2wise-sum\)"):
     study_lib.config_overrides(dict(fields, variant=(True, "sum")))

@@ -21,6 +21,7 @@ import pytest
 from tests.binaries import ROOT
 from tools import gen_build
 from train import config as config_lib
+from train import config_fields
 
 MIN_HELP_CHARS = 25
 # Help that only restates the flag's name, e.g. "Override of batch_size.".
@@ -107,7 +108,7 @@ def problems(helps, config_helps):
 
 def _config_helps():
   return {field.name: config_lib.field_help(field.name)
-          for field in dataclasses.fields(config_lib.Config)}
+          for field in config_lib.flat_fields()}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,7 @@ def test_every_binary_is_found():
 
 def test_every_config_field_stores_a_help():
   helps = _config_helps()
-  assert set(helps) == {f.name for f in dataclasses.fields(config_lib.Config)}
+  assert set(helps) == {f.name for f in config_lib.flat_fields()}
   assert problems({"train.config": helps}, {}) == []
 
 
@@ -180,11 +181,11 @@ def test_a_config_field_without_help_is_refused():
   class Bare:
     plain: int = 1
 
-  saved = config_lib._FIELDS  # pylint: disable=protected-access
+  saved = config_fields._FIELDS  # pylint: disable=protected-access
   try:
-    config_lib._FIELDS = {  # pylint: disable=protected-access
+    config_fields._FIELDS = {  # pylint: disable=protected-access
         f.name: f for f in dataclasses.fields(Bare)}
     with pytest.raises(TypeError, match=r"Config.plain has no help"):
       config_lib.field_help("plain")
   finally:
-    config_lib._FIELDS = saved  # pylint: disable=protected-access
+    config_fields._FIELDS = saved  # pylint: disable=protected-access

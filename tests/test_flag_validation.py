@@ -426,6 +426,6 @@ def test_a_run_restores_on_one_device_whatever_placement_trained_it(
     config_lib.validate(dataclasses.replace(trained, placement="single"))
   restored = config_lib.on_one_device(trained)
   config_lib.validate(restored)
-  assert restored.placement == "single"
+  assert restored.devices.placement == "single"
   assert dataclasses.replace(restored, placement=placement, **fields) == (
       trained)

@@ -59,8 +59,8 @@ def test_only_the_chief_keeps_model_dir(monkeypatch):
   assert not multi_worker.is_chief(config)
   own, shared = multi_worker.task_config(config)
   assert shared == "/tmp/shared_run"
-  assert own.model_dir != config.model_dir and own.export_dir is None
-  assert os.path.basename(own.model_dir).startswith("tf_interlock_task_")
+  assert own.run.model_dir != config.run.model_dir and own.run.export_dir is None
+  assert os.path.basename(own.run.model_dir).startswith("tf_interlock_task_")
   # Without a chief job, worker 0 is the chief.
   workers = {"worker": CLUSTER["worker"]}
   _task(monkeypatch, "worker", 0, workers)
@@ -74,12 +74,12 @@ def test_a_worker_removes_only_its_own_new_dir(monkeypatch, tmp_path):
   _task(monkeypatch, "worker", 1)
   own, _ = multi_worker.task_config(_config())
   # A new private folder (mkdtemp), not a name derived from the pid.
-  assert os.path.dirname(own.model_dir) == str(tmp_path)
-  assert os.listdir(own.model_dir) == []
-  assert os.stat(own.model_dir).st_mode & 0o777 == 0o700
-  assert str(os.getpid()) not in os.path.basename(own.model_dir)
-  assert multi_worker.task_config(_config())[0].model_dir != own.model_dir
-  os.makedirs(os.path.join(own.model_dir, "checkpoints"))
+  assert os.path.dirname(own.run.model_dir) == str(tmp_path)
+  assert os.listdir(own.run.model_dir) == []
+  assert os.stat(own.run.model_dir).st_mode & 0o777 == 0o700
+  assert str(os.getpid()) not in os.path.basename(own.run.model_dir)
+  assert multi_worker.task_config(_config())[0].run.model_dir != own.run.model_dir
+  os.makedirs(os.path.join(own.run.model_dir, "checkpoints"))
   # A folder of the same pattern that task_config did not make stays.
   other = tmp_path / "tf_interlock_task_worker_1_12345"
   os.makedirs(other / "checkpoints")
@@ -89,7 +89,7 @@ def test_a_worker_removes_only_its_own_new_dir(monkeypatch, tmp_path):
   multi_worker.remove_own_dir(_config(model_dir=str(tmp_path)))
   assert os.path.isdir(tmp_path)  # not a task directory
   multi_worker.remove_own_dir(own)
-  assert not os.path.exists(own.model_dir)
+  assert not os.path.exists(own.run.model_dir)
 
 
 def test_join_gives_the_collectives_the_cluster_timeout(monkeypatch):

@@ -73,6 +73,6 @@ def test_preset_split_is_the_measured_balance(preset, artifact):
     measured = json.load(f)
   config = preset.get_config()
   split = partition.balanced_split(measured["block_work_ms"],
-                                   config.num_modules,
+                                   config.interlock.num_modules,
                                    cut_costs=measured["block_cut_ms"])
-  assert list(config.split) == split == measured["balanced_split"]
+  assert list(config.interlock.split) == split == measured["balanced_split"]

@@ -62,10 +62,10 @@ def test_train_kill_resume_export_evaluate_on_ram(tmp_path, monkeypatch):
   # ...and train.evaluate reads the run's configuration, no --preset.
   eval_config, saved_model = run_io.evaluation_config(
       None, model_dir, config_lib.Config(), given=[])
-  assert eval_config.model == "mlp" and eval_config.dataset == "synthetic"
+  assert eval_config.network.model == "mlp" and eval_config.data.dataset == "synthetic"
   task = train_lib.datasets.make_task(eval_config, with_train=False)
   results = evaluation.evaluate_saved_model(
-      saved_model, task.eval.take(eval_config.eval_batches))
+      saved_model, task.eval.take(eval_config.run.eval_batches))
   for head in ("module_1", "module_2", "module_3", "module_4"):
     assert abs(results[head]["accuracy"] -
                summary["eval"][head]["accuracy"]) < 1e-6, head

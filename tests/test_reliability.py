@@ -260,7 +260,7 @@ def test_truncated_data_file_is_reported(refused):
 
 
 def test_flag_types_parse():
-  fields = {f.name: f for f in dataclasses.fields(config_lib.Config)}
+  fields = {f.name: f for f in config_lib.flat_fields()}
   parse = flags_lib._parse  # pylint: disable=protected-access
   assert parse(fields["lr_decay_fractions"], "0.3,0.6") == (0.3, 0.6)
   assert parse(fields["split"], "2,3,4") == (2, 3, 4)

@@ -5,6 +5,7 @@ how K modules map onto logical CPU devices and how many intra-op threads
 each op gets (0: the schedule model chooses for this host's cores).
 """
 
+import dataclasses
 import json
 import os
 
@@ -24,11 +25,8 @@ FLAGS = ["--preset=synthetic_mlp", "--placement=simulated", "--mlp_width=64",
 
 
 def _config(**fields):
-  config = config_lib.load_preset("synthetic_mlp")
-  config.placement = "simulated"
-  for name, value in fields.items():
-    setattr(config, name, value)
-  return config
+  return dataclasses.replace(config_lib.load_preset("synthetic_mlp"),
+                             **{"placement": "simulated", **fields})
 
 
 def test_default_is_one_device_of_one_thread_per_module():

@@ -269,7 +269,7 @@ def test_keras_compile_takes_jit_compile():
 
 def test_flag_of_the_binaries():
   config = config_lib.Config()
-  assert config.jit_compile == "auto"
+  assert config.devices.jit_compile == "auto"
   assert config_lib.jit_compile_value(config) == "auto"
   assert config_lib.jit_compile_value(
       dataclasses.replace(config, jit_compile="true")) is True

@@ -45,8 +45,8 @@ def _synthetic(config, training):
   ds = tf.data.Dataset.from_tensor_slices(
       (x.astype("float32"), labels.astype("int32")))
   if training:
-    ds = ds.shuffle(count, seed=config.seed).repeat()
-  return ds.batch(config.batch_size, drop_remainder=True)
+    ds = ds.shuffle(count, seed=config.run.seed).repeat()
+  return ds.batch(config.run.batch_size, drop_remainder=True)
 
 
 @functools.lru_cache(maxsize=4)
@@ -64,8 +64,8 @@ def _text_data(dataset, data_dir, source_dir, vocab_kind, vocab_size):
 
 
 def _text(config):
-  return _text_data(config.dataset, config.data_dir, config.source_dir,
-                    config.vocab_kind, config.vocab_size)
+  return _text_data(config.data.dataset, config.data.data_dir, config.data.source_dir,
+                    config.data.vocab_kind, config.data.vocab_size)
 
 
 def split_sizes(config):
@@ -74,16 +74,16 @@ def split_sizes(config):
   Synthetic and image sizes are static; text sizes count the tokens of
   each split, so the corpus is read and its vocabulary learnt (or loaded).
   """
-  if config.dataset == "synthetic":
+  if config.data.dataset == "synthetic":
     return SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["eval"]
   if config.is_text:
     corpus, vocab = _text(config)
     # lm_dataset packs the token stream (EOS after each document) into
     # windows of seq_len + 1 tokens.
     return tuple(
-        text.num_tokens(corpus, vocab, split) // (config.seq_len + 1)
+        text.num_tokens(corpus, vocab, split) // (config.network.seq_len + 1)
         for split in text.SPLITS)
-  info = images.dataset_info(config.dataset)
+  info = images.dataset_info(config.data.dataset)
   return info.splits["train"], info.splits[info.eval_split]
 
 
@@ -96,31 +96,31 @@ def make_task(config, with_train=True):
       no shuffled, repeated training pipeline).
   """
   train_size, _ = split_sizes(config)
-  if config.dataset == "synthetic":
+  if config.data.dataset == "synthetic":
     return Task("classification", SYNTHETIC_CLASSES, (SYNTHETIC_DIM,),
                 tf.float32, _synthetic(config, True) if with_train else None,
                 _synthetic(config, False), train_size=train_size)
   if config.is_text:
     corpus, vocab = _text(config)
-    common = dict(batch_size=config.batch_size, seq_len=config.seq_len,
-                  seed=config.seed, deterministic=config.deterministic)
+    common = dict(batch_size=config.run.batch_size, seq_len=config.network.seq_len,
+                  seed=config.run.seed, deterministic=config.run.deterministic)
     return Task(
-        "lm", vocab.size, (config.seq_len,), tf.int32,
+        "lm", vocab.size, (config.network.seq_len,), tf.int32,
         text.lm_dataset(corpus, vocab, "train", training=True, **common)
         if with_train else None,
         text.lm_dataset(corpus, vocab, "validation", training=False,
                         **common),
         unigram_perplexity=text.unigram_perplexity(corpus, vocab),
         train_size=train_size)
-  info = images.dataset_info(config.dataset)
-  common = dict(batch_size=config.batch_size, data_dir=config.data_dir,
-                source_dir=config.source_dir, seed=config.seed,
-                deterministic=config.deterministic)
+  info = images.dataset_info(config.data.dataset)
+  common = dict(batch_size=config.run.batch_size, data_dir=config.data.data_dir,
+                source_dir=config.data.source_dir, seed=config.run.seed,
+                deterministic=config.run.deterministic)
   return Task(
       "classification", info.num_classes, info.image_shape, tf.float32,
-      images.image_dataset(config.dataset, "train", training=True,
-                           augment=config.augment, **common)
+      images.image_dataset(config.data.dataset, "train", training=True,
+                           augment=config.data.augment, **common)
       if with_train else None,
-      images.image_dataset(config.dataset, info.eval_split,
+      images.image_dataset(config.data.dataset, info.eval_split,
                            training=False, **common),
       train_size=train_size)

@@ -42,7 +42,7 @@ def num_replicas(config):
 
 def _unreachable(config, error):
   first = (str(error).strip().splitlines() or [""])[0][:200]
-  config_lib.fail("tpu", config.tpu, f"cannot reach the TPU "
+  config_lib.fail("tpu", config.devices.tpu, f"cannot reach the TPU "
                   f"({type(error).__name__}: {first})")
 
 
@@ -77,9 +77,9 @@ def resolve_tpu(config):
     ValueError: one line naming --tpu when the name does not resolve
       within TPU_RESOLVE_TIMEOUT_S.
   """
-  resolver = _resolver(config.tpu)
+  resolver = _resolver(config.devices.tpu)
   if resolver is None:
-    config_lib.fail("tpu", config.tpu, f"the TPU did not resolve within "
+    config_lib.fail("tpu", config.devices.tpu, f"the TPU did not resolve within "
                     f"{TPU_RESOLVE_TIMEOUT_S} s; check the name or use "
                     "grpc://host:port")
   if isinstance(resolver, Exception):
@@ -91,7 +91,7 @@ def resolve_tpu(config):
                             else tasks)
             if not cluster_lib.reachable(address, TPU_CONNECT_TIMEOUT_S)]
   if silent:
-    config_lib.fail("tpu", config.tpu, f"cannot reach the TPU: nothing "
+    config_lib.fail("tpu", config.devices.tpu, f"cannot reach the TPU: nothing "
                     f"accepts connections at {', '.join(silent)} within "
                     f"{TPU_CONNECT_TIMEOUT_S} s")
   return resolver
@@ -104,14 +104,14 @@ def connect_cluster(config):
     ValueError: one line naming the workers that did not come up within
       --cluster_timeout_s.
   """
-  spec = cluster_lib.cluster_spec(config.cluster)
+  spec = cluster_lib.cluster_spec(config.devices.cluster)
   try:
-    cluster_lib.connect(spec, config.cluster_timeout_s)
+    cluster_lib.connect(spec, config.devices.cluster_timeout_s)
   except ConnectionError as e:
     raise ValueError(str(e)) from None
   # A worker that stops answering is named within --cluster_timeout_s.
   stop_watchdog.note_workers(spec.job_tasks(cluster_lib.JOB),
-                             config.cluster_timeout_s)
+                             config.devices.cluster_timeout_s)
 
 
 def cluster_failure(config, error):
@@ -119,7 +119,7 @@ def cluster_failure(config, error):
   if not config_lib.placement_of(config).needs_cluster:
     return None
   return cluster_lib.describe_failure(
-      error, cluster_lib.cluster_spec(config.cluster))
+      error, cluster_lib.cluster_spec(config.devices.cluster))
 
 
 def make_distribute(config):
@@ -140,7 +140,7 @@ def make_distribute(config):
     return multi_worker.joined(config)[2]
   resolver = resolve_tpu(config) if placement.needs_tpu else None
   try:
-    distribute = placement.strategy(config.num_modules, resolver)
+    distribute = placement.strategy(config.interlock.num_modules, resolver)
   except ConnectionError as e:
     _unreachable(config, e.__cause__ or e)
   config_lib.check_batch(config, distribute.num_replicas_in_sync)

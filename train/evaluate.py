@@ -40,7 +40,7 @@ flags.adopt_module_key_flags(flags_lib)
 
 def _given_fields():
   """Config fields set on the command line."""
-  return [f.name for f in dataclasses.fields(config_lib.Config)
+  return [f.name for f in config_lib.flat_fields()
           if flags.FLAGS[f.name].present]
 
 
@@ -51,16 +51,16 @@ def main(argv):
   flag_config, given = flags_lib.config_from_flags(), _given_fields()
   config, saved_model = run_io.evaluation_config(
       _SAVED_MODEL.value,
-      flag_config.model_dir if "model_dir" in given else None,
+      flag_config.run.model_dir if "model_dir" in given else None,
       flag_config, given, preset_given=flags.FLAGS["preset"].present)
   config_lib.validate(config)  # the train binary's rules, e.g. --data_dir
   size = datasets.split_sizes(config)[1]
-  if size < config.batch_size:  # evaluation drops a partial batch
-    config_lib.fail("batch_size", config.batch_size,
+  if size < config.run.batch_size:  # evaluation drops a partial batch
+    config_lib.fail("batch_size", config.run.batch_size,
                     f"must be at most the {size} examples (text: packed "
-                    f"sequences) of the evaluation split of {config.dataset}")
+                    f"sequences) of the evaluation split of {config.data.dataset}")
   task = datasets.make_task(config, with_train=False)
-  dataset = task.eval.take(config.eval_batches) if config.eval_batches else (
+  dataset = task.eval.take(config.run.eval_batches) if config.run.eval_batches else (
       task.eval)
   try:
     results = evaluation.evaluate_saved_model(
@@ -84,7 +84,7 @@ def _mismatch_line(mismatch, saved_model, config, given):
   data = " ".join(named) or "the run's configuration"
   return (f"--saved_model={saved_model} takes features of shape "
           f"{evaluation.describe_spec(mismatch.expected)}, but the data of "
-          f"{data} (dataset={config.dataset}) gives "
+          f"{data} (dataset={config.data.dataset}) gives "
           f"{evaluation.describe_spec(mismatch.received)}; pass the data "
           "flags the export was trained with (an export without "
           "interlock_export.json needs them)")

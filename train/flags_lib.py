@@ -26,7 +26,7 @@ _UNSET = "<the preset's>"
 
 def _define_all():
   defined = {}
-  for field in dataclasses.fields(config_lib.Config):
+  for field in config_lib.flat_fields():
     defined[field.name] = flags.DEFINE_string(
         field.name, _UNSET, config_lib.field_help(field.name))
   return defined
@@ -79,7 +79,7 @@ def _expected(field, base, optional):
 
 def given_flags():
   """Names of the Config fields given on the command line."""
-  return {field.name for field in dataclasses.fields(config_lib.Config)
+  return {field.name for field in config_lib.flat_fields()
           if _FIELD_FLAGS[field.name].value != _UNSET}
 
 
@@ -94,7 +94,7 @@ def config_from_flags():
   """
   config = config_lib.load_preset(PRESET.value)
   overrides = {}
-  for field in dataclasses.fields(config_lib.Config):
+  for field in config_lib.flat_fields():
     text = _FIELD_FLAGS[field.name].value
     if text != _UNSET:
       overrides[field.name] = _parse(field, text)
@@ -112,5 +112,5 @@ def config_from_flags():
     overrides["split"] = None
   config = dataclasses.replace(config, **overrides)
   # Where a stop forced by the watchdog finds the run's latest checkpoint.
-  stop_watchdog.note(model_dir=config.model_dir)
+  stop_watchdog.note(model_dir=config.run.model_dir)
   return config

@@ -128,8 +128,8 @@ def _job(config):
   how = mode(config)
   if how is None:
     return None
-  kind = "mirrored" if how == "mirrored" else config.placement
-  return kind, config.num_modules, config.cluster_timeout_s
+  kind = "mirrored" if how == "mirrored" else config.devices.placement
+  return kind, config.interlock.num_modules, config.devices.cluster_timeout_s
 
 
 def join(config, intra_op_threads=1):
@@ -175,7 +175,7 @@ def joined(config):
     raise RuntimeError(
         f"This task of a TF_CONFIG job has not joined it: "
         f"runtime_setup.setup_runtime(config) joins, before any other TF op. "
-        f"Received: placement={config.placement}")
+        f"Received: placement={config.devices.placement}")
   return _JOINED[job]
 
 
@@ -199,7 +199,7 @@ def task_config(config):
   # Left empty by a run that failed before training: removed at exit.
   atexit.register(_remove_if_empty, own)
   return dataclasses.replace(config, model_dir=own,
-                             export_dir=None), config.model_dir
+                             export_dir=None), config.run.model_dir
 
 
 def check_fresh(config, latest, shared_run):
@@ -221,7 +221,7 @@ def check_fresh(config, latest, shared_run):
   if shared_run is not None and shared_run.exists():
     latest = latest or shared_run.latest_checkpoint(for_writing=False)
   if latest:
-    where = shared_run.path if shared_run is not None else config.model_dir
+    where = shared_run.path if shared_run is not None else config.run.model_dir
     raise ValueError(
         f"--model_dir holds a checkpoint ({latest}); resuming a multi-worker "
         f"(TF_CONFIG) run is not supported yet: start it in a new "
@@ -253,7 +253,7 @@ def remove_own_dir(config):
   Args:
     config: the task's config (`task_config`).
   """
-  if (config.model_dir in _OWN_DIRS and not is_chief(config) and
-      tf.io.gfile.exists(config.model_dir)):
-    tf.io.gfile.rmtree(config.model_dir)
-    _OWN_DIRS.discard(config.model_dir)
+  if (config.run.model_dir in _OWN_DIRS and not is_chief(config) and
+      tf.io.gfile.exists(config.run.model_dir)):
+    tf.io.gfile.rmtree(config.run.model_dir)
+    _OWN_DIRS.discard(config.run.model_dir)

@@ -47,17 +47,17 @@ def make_modules(config, task, synchronized_bn=True):
       statistics over replicas (needed under a MirroredStrategy; a
       benchmark on one replica may leave it off, as plain Keras does).
   """
-  split = list(config.split) if config.split else None
-  if config.model == "resnet":
+  split = list(config.interlock.split) if config.interlock.split else None
+  if config.network.model == "resnet":
     return resnet.resnet_modules(
-        config.resnet_preset, task.num_classes, config.num_modules,
-        split=split, input_shape=task.input_shape, width=config.resnet_width,
-        aux_head=None if config.aux_head == "none" else config.aux_head,
+        config.network.resnet_preset, task.num_classes, config.interlock.num_modules,
+        split=split, input_shape=task.input_shape, width=config.network.resnet_width,
+        aux_head=None if config.network.aux_head == "none" else config.network.aux_head,
         synchronized_bn=synchronized_bn)
-  if config.model == "transformer":
+  if config.network.model == "transformer":
     return transformer.transformer_lm_modules(
-        task.num_classes, config.seq_len, config.num_layers, config.d_model,
-        config.num_heads, config.mlp_dim, config.num_modules, split=split)
+        task.num_classes, config.network.seq_len, config.network.num_layers, config.network.d_model,
+        config.network.num_heads, config.network.mlp_dim, config.interlock.num_modules, split=split)
   # The MLP's split counts the hidden Dense layers of each module.
-  return mlp_modules(task.num_classes, config.num_modules, config.mlp_width,
+  return mlp_modules(task.num_classes, config.interlock.num_modules, config.network.mlp_width,
                      split)

@@ -24,17 +24,17 @@ def total_steps(config, train_size=None):
   Raises:
     ValueError: naming --epochs when it gives less than one step.
   """
-  if config.train_steps is not None:
-    return config.train_steps
-  if config.epochs is None:
+  if config.run.train_steps is not None:
+    return config.run.train_steps
+  if config.run.epochs is None:
     return None
   if train_size is None:
     train_size, _ = datasets.split_sizes(config)
-  steps = int(config.epochs * train_size // config.batch_size)
+  steps = int(config.run.epochs * train_size // config.run.batch_size)
   if steps < 1:
-    config_lib.fail("epochs", config.epochs,
-                    f"gives {steps} steps: {config.epochs} x {train_size} "
-                    f"training examples / batch_size {config.batch_size}; "
+    config_lib.fail("epochs", config.run.epochs,
+                    f"gives {steps} steps: {config.run.epochs} x {train_size} "
+                    f"training examples / batch_size {config.run.batch_size}; "
                     "at least one step is needed")
   return steps
 
@@ -87,15 +87,15 @@ def learning_rate(config, steps):
     steps: total training steps; None (a time budget alone) only allows the
       constant schedule (`config.validate`).
   """
-  base, warmup = config.learning_rate, config.warmup_steps
+  base, warmup = config.optim.learning_rate, config.optim.warmup_steps
   decay_steps = None if steps is None else max(1, steps - warmup)
-  if config.lr_schedule == "constant" or decay_steps is None:
+  if config.optim.lr_schedule == "constant" or decay_steps is None:
     schedule = base
-  elif config.lr_schedule == "step":
+  elif config.optim.lr_schedule == "step":
     schedule = keras.optimizers.schedules.PiecewiseConstantDecay(
-        [int(f * decay_steps) for f in config.lr_decay_fractions],
-        [base * config.lr_decay_factor ** i
-         for i in range(len(config.lr_decay_fractions) + 1)])
+        [int(f * decay_steps) for f in config.optim.lr_decay_fractions],
+        [base * config.optim.lr_decay_factor ** i
+         for i in range(len(config.optim.lr_decay_fractions) + 1)])
   else:
     schedule = keras.optimizers.schedules.CosineDecay(base, decay_steps)
   return Warmup(base, warmup, schedule) if warmup else schedule
@@ -104,9 +104,9 @@ def learning_rate(config, steps):
 def make_optimizer(config, steps):
   """One module's optimizer (call once per module, inside the scope)."""
   lr = learning_rate(config, steps)
-  if config.optimizer == "sgd":
-    return keras.optimizers.SGD(lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay or None)
-  if config.optimizer == "adam":
-    return keras.optimizers.Adam(lr, weight_decay=config.weight_decay or None)
-  return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay)
+  if config.optim.optimizer == "sgd":
+    return keras.optimizers.SGD(lr, momentum=config.optim.momentum,
+                                weight_decay=config.optim.weight_decay or None)
+  if config.optim.optimizer == "adam":
+    return keras.optimizers.Adam(lr, weight_decay=config.optim.weight_decay or None)
+  return keras.optimizers.AdamW(lr, weight_decay=config.optim.weight_decay)

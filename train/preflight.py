@@ -36,21 +36,21 @@ def validate_for_run(config):
   placement = config_lib.placement_of(config)
   if placement.needs_tpu:
     distribution.resolve_tpu(config)
-  missing = placement.missing_devices(config.num_modules)
+  missing = placement.missing_devices(config.interlock.num_modules)
   if missing:
-    config_lib.fail("placement", config.placement, missing)
-  if config.dataset in config_lib.IMAGE_DATASETS:
-    images.check_prepared_dataset(config.dataset, data_dir=config.data_dir,
-                                  source_dir=config.source_dir)
+    config_lib.fail("placement", config.devices.placement, missing)
+  if config.data.dataset in config_lib.IMAGE_DATASETS:
+    images.check_prepared_dataset(config.data.dataset, data_dir=config.data.data_dir,
+                                  source_dir=config.data.source_dir)
   train_size, eval_size = datasets.split_sizes(config)
   unit = "sequences of seq_len + 1 tokens" if config.is_text else "examples"
   for split, size in (("training", train_size), ("evaluation", eval_size)):
-    if size < config.batch_size:
+    if size < config.run.batch_size:
       flag = "seq_len" if config.is_text and size else "batch_size"
-      config_lib.fail(flag, getattr(config, flag),
-                      f"the {split} split of {config.dataset} holds {size} "
-                      f"{unit}, fewer than one batch of {config.batch_size}")
+      config_lib.fail(flag, config.get(flag),
+                      f"the {split} split of {config.data.dataset} holds {size} "
+                      f"{unit}, fewer than one batch of {config.run.batch_size}")
   steps = optimization.total_steps(config, train_size)
-  if steps is not None and config.warmup_steps >= steps:
-    config_lib.fail("warmup_steps", config.warmup_steps,
+  if steps is not None and config.optim.warmup_steps >= steps:
+    config_lib.fail("warmup_steps", config.optim.warmup_steps,
                     f"must be < the run's {steps} steps")

@@ -62,7 +62,7 @@ def config_from_dict(fields, source):
   """
   fields = dict(fields)
   fields.pop("history", None)  # earlier starts' changes (train_lib)
-  known = {f.name: f for f in dataclasses.fields(config_lib.Config)}
+  known = {f.name: f for f in config_lib.flat_fields()}
   unknown = sorted(set(fields) - set(known))
   if unknown:
     raise ValueError(f"{source} has fields this version does not know: "
@@ -136,7 +136,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
   if latest is None:
     raise FileNotFoundError(f"No checkpoint in {run.checkpoint_dir}. "
                             f"Received: model_dir={model_dir!r}")
-  export_dir = run.check_export_dir(export_dir or config.export_dir)
+  export_dir = run.check_export_dir(export_dir or config.run.export_dir)
   with run_lock.held(run.path):  # one writer, as in train_lib.run
     runtime_setup.setup_runtime(config)
     task = datasets.make_task(config, with_train=False)
@@ -169,7 +169,7 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     run = run_dir_lib.RunDir(model_dir)
     run.check_layout()
     recorded = config_from_run(run)
-    saved_model = saved_model or recorded.export_dir or run.default_export_dir
+    saved_model = saved_model or recorded.run.export_dir or run.default_export_dir
   elif not saved_model:
     raise ValueError("--saved_model or --model_dir is required. Received: "
                      "saved_model=None")
@@ -187,16 +187,16 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
   if recorded is None:
     return flag_config, saved_model
   for name in given:
-    value = getattr(flag_config, name)
+    value = flag_config.get(name)
     if (name in train_lib.ARCHITECTURE_FIELDS and
-        value != getattr(recorded, name)):
+        value != recorded.get(name)):
       raise ValueError(f"--{name}={value} differs from the run's "
-                       f"{name}={getattr(recorded, name)!r}; the model's "
+                       f"{name}={recorded.get(name)!r}; the model's "
                        f"architecture comes from the run. Received: "
                        f"{name}={value!r}")
   if preset_given:
     print("note: --preset is not used: the run records its configuration",
           file=err or sys.stderr)
   return dataclasses.replace(config_lib.on_one_device(recorded), **{
-      name: getattr(flag_config, name) for name in given
+      name: flag_config.get(name) for name in given
       if name not in ("model_dir", "export_dir", "placement")}), saved_model

@@ -25,11 +25,11 @@ def simulated_plan(config):
   is one device of one thread per module.
   """
   return step_model.plan_for(
-      config.num_modules,
-      strategy_lib.parse_strategy(config.strategy, config.variant),
+      config.interlock.num_modules,
+      strategy_lib.parse_strategy(config.interlock.strategy, config.interlock.variant),
       step_model.host_cores(),
-      threads_per_device=config.threads_per_device or None,
-      modules_per_device=config.modules_per_device or None)
+      threads_per_device=config.devices.threads_per_device or None,
+      modules_per_device=config.devices.modules_per_device or None)
 
 
 def setup_runtime(config):
@@ -44,11 +44,11 @@ def setup_runtime(config):
   if plan and not joined:
     placement.configure_devices(plan.num_devices,
                                 intra_op_threads=plan.threads_per_device)
-  if config.deterministic:
+  if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
-  keras.utils.set_random_seed(config.seed)
+  keras.utils.set_random_seed(config.run.seed)
   keras.mixed_precision.set_global_policy(
-      "mixed_bfloat16" if config.mixed_precision == "bfloat16" else "float32")
+      "mixed_bfloat16" if config.devices.mixed_precision == "bfloat16" else "float32")
 
 
 def module_devices(config):
@@ -59,8 +59,8 @@ def module_devices(config):
   if placement.splits_host_cpu:
     return simulated_plan(config).module_devices
   if placement.needs_cluster:
-    spec = cluster_lib.cluster_spec(config.cluster)
+    spec = cluster_lib.cluster_spec(config.devices.cluster)
     return cluster_lib.module_workers(
-        config.num_modules, spec.num_tasks(cluster_lib.JOB),
-        config.modules_per_worker)
+        config.interlock.num_modules, spec.num_tasks(cluster_lib.JOB),
+        config.devices.modules_per_worker)
   return None

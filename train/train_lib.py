@@ -113,7 +113,7 @@ def _apply_hyperparameters(trainer, config):
   """Hyperparameters come from this run's flags, state from checkpoints."""
   for opt in trainer.optimizers:
     if hasattr(opt.learning_rate, "assign"):  # a constant, not a schedule
-      opt.learning_rate.assign(config.learning_rate)
+      opt.learning_rate.assign(config.optim.learning_rate)
 
 
 def _learning_rates(trainer):
@@ -127,8 +127,8 @@ def _learning_rates(trainer):
 def evaluate(trainer, task, config):
   """Every exit on the eval split: {"module_k": metrics}, k = 1..K."""
   dataset = task.eval
-  if config.eval_batches:
-    dataset = dataset.take(config.eval_batches)
+  if config.run.eval_batches:
+    dataset = dataset.take(config.run.eval_batches)
   return evaluation.evaluate_modules(
       trainer.modules, dataset, losses.sparse_softmax_cross_entropy,
       losses.sparse_accuracy, task=task.kind)
@@ -142,15 +142,15 @@ def build(config):
   # A task of a replicas x modules job: module k on its own device k.
   replicas, placement, _ = multi_worker.joined(config) or (None, None, None)
   placement = placement or placement_lib.make_placement(
-      config.placement, config.num_modules, distribute,
+      config.devices.placement, config.interlock.num_modules, distribute,
       module_devices=runtime_setup.module_devices(config))
   with distribute.scope():
     modules = networks.make_modules(config, task)
   trainer = InterlockTrainer(
       modules, lambda k: optimization.make_optimizer(config, steps),
-      config.strategy, variant=config.variant, distribute=distribute,
-      placement=placement, steps_per_loop=config.steps_per_loop,
-      num_microbatches=config.num_microbatches, replicas=replicas,
+      config.interlock.strategy, variant=config.interlock.variant, distribute=distribute,
+      placement=placement, steps_per_loop=config.run.steps_per_loop,
+      num_microbatches=config.interlock.num_microbatches, replicas=replicas,
       jit_compile=config_lib.jit_compile_value(config))
   sample = next(iter(task.train.take(1)))[0]
   trainer.build(sample)
@@ -172,7 +172,7 @@ def check_run(config, run):
   current = json.loads(config.to_json())
   run.check_same(current, ARCHITECTURE_FIELDS,
                  "its checkpoints hold that architecture")
-  latest = run.latest_checkpoint(config.resume_from)
+  latest = run.latest_checkpoint(config.run.resume_from)
   if latest is not None:
     run.check_same(current, RESUME_FIELDS,
                    "the checkpointed input position counts such batches")
@@ -181,12 +181,12 @@ def check_run(config, run):
     run.check_same(current, ("seed",), "its weights and data order were "
                    "drawn with that seed and are restored from checkpoints")
     step = checkpoint_step(latest)
-    if config.train_steps is not None and config.train_steps < step:
-      config_lib.fail("train_steps", config.train_steps,
+    if config.run.train_steps is not None and config.run.train_steps < step:
+      config_lib.fail("train_steps", config.run.train_steps,
                       f"the run in {run.path} is already at step {step} "
                       f"({latest}); give at least {step} or use a new "
                       "model_dir")
-  export_dir = run.check_export_dir(config.export_dir)
+  export_dir = run.check_export_dir(config.run.export_dir)
   return latest, export_dir
 
 
@@ -229,7 +229,7 @@ def landing_note(config, start_step):
   """A note when checkpoints cannot land on multiples of
   checkpoint_every_steps (a save happens only at the end of a loop), or
   None. Names the first steps they land on."""
-  every, per_loop = config.checkpoint_every_steps, config.steps_per_loop
+  every, per_loop = config.run.checkpoint_every_steps, config.run.steps_per_loop
   landed, step = [], start_step
   while len(landed) < 3:  # a loop ends on a multiple at least every `every`
     step += per_loop
@@ -286,7 +286,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
   if latest:
     run.repair_pointer(latest)  # a no-op unless --resume_from was needed
   manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir,
-                                       max_to_keep=config.keep_checkpoints)
+                                       max_to_keep=config.run.keep_checkpoints)
   changed = record_config(run, config, int(global_step))
   if latest:
     print(f"resumed from {latest} at step {int(global_step)}"
@@ -303,33 +303,33 @@ def train(config, built, run, latest, export_dir, lock, out=None,
 
   eval_writer = tf.summary.create_file_writer(run.eval_log_dir)
   checkpointing = actions_lib.Checkpointing(
-      manager, config.checkpoint_every_steps,
+      manager, config.run.checkpoint_every_steps,
       saved_step=int(global_step) if latest else None, lock=lock)
   evaluation_action = actions_lib.Evaluation(
       lambda: evaluate(trainer, task, config), eval_writer,
-      config.eval_every_steps)
+      config.run.eval_every_steps)
   # On a terminal a progress bar replaces the per-loop lines.
   progbar = (keras.utils.Progbar(steps, stateful_metrics=[
-      f"L{k + 1}" for k in range(config.num_modules)])
+      f"L{k + 1}" for k in range(config.interlock.num_modules)])
              if steps and hasattr(out, "isatty") and out.isatty() else None)
   preemption = actions_lib.Preemption(checkpointing)
   loop_actions = [
       actions_lib.LockHeartbeat(lock),  # first: nothing written if lost
       actions_lib.StepVariable(global_step),
-      actions_lib.Progress(out, config.batch_size, progbar),
+      actions_lib.Progress(out, config.run.batch_size, progbar),
       actions_lib.Summaries(tf.summary.create_file_writer(run.train_log_dir),
-                            config.batch_size,
+                            config.run.batch_size,
                             lambda: _learning_rates(trainer)),
       checkpointing, evaluation_action,
-      *([actions_lib.TimeBudget(config.time_budget_s, out)]
-        if config.time_budget_s else []),
+      *([actions_lib.TimeBudget(config.run.time_budget_s, out)]
+        if config.run.time_budget_s else []),
       *extra_actions, preemption]
   try:
     step = Controller(
         lambda n: trainer.train_loop(iterator, n), loop_actions,
         start_step=int(global_step), total_steps=steps,
-        steps_per_loop=config.steps_per_loop,
-        guard=actions_lib.NanPolicy(config.on_nan, manager, rollback,
+        steps_per_loop=config.run.steps_per_loop,
+        guard=actions_lib.NanPolicy(config.run.on_nan, manager, rollback,
                                     out)).run()
   except (tf.errors.OpError, OSError) as e:
     actions_lib.verify_lock(lock)  # a moved folder fails many a write
@@ -426,11 +426,11 @@ def run(config, out=None, break_lock=False, extra_actions=()):
     The summary of `train`.
   """
   preflight.validate_for_run(config)
-  if not config.model_dir:
+  if not config.run.model_dir:
     raise ValueError("--model_dir is required. Received: model_dir=None")
   # A multi-worker job (TF_CONFIG): only the chief writes --model_dir.
   config, shared_dir = multi_worker.task_config(config)
-  run_dir = RunDir(config.model_dir)
+  run_dir = RunDir(config.run.model_dir)
   multi_worker.check_fresh(config, check_run(config, run_dir)[0],
                            shared_dir and RunDir(shared_dir))
   runtime_setup.setup_runtime(config)
