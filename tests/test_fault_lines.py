@@ -36,8 +36,8 @@ def test_a_full_disk_says_the_checkpoints_are_intact():
     ("deterministic", "maybe", "true or false"),
 ])
 def test_flag_advice_says_what_is_allowed(name, text, advice):
-  field = next(f for f in flags_lib.dataclasses.fields(
-      flags_lib.config_lib.Config) if f.name == name)
+  field = next(f for f in flags_lib.config_lib.Config.flat_fields()
+               if f.name == name)
   with pytest.raises(ValueError) as e:
     flags_lib._parse(field, text)  # pylint: disable=protected-access
   assert advice in str(e.value)
