@@ -47,11 +47,40 @@ def test_from_keras_refuses_in_one_line(model, num_modules, received):
     (X, Y, {"batch_size": 16.5}, "batch_size=16.5"),
     (X, Y, {"batch_size": 0}, "batch_size=0"),
     (X, Y, {"steps_per_execution": 100}, "steps_per_execution=100"),
+    # Keras returns an empty History: nothing trained, not a word.
+    (X, Y, {"epochs": -1}, "epochs=-1"),
+    (X, Y, {"epochs": 2, "initial_epoch": 2}, "epochs=2"),
+    (X, Y, {"epochs": 1.5}, "epochs=1.5"),
+    (X, Y, {"initial_epoch": -1}, "initial_epoch=-1"),
+    # Before the first build: the width from_keras's source model takes.
+    (X[:, :5], Y, {}, "x.shape=(64, 5)"),
+    (X[:, :, None], Y, {}, "x.shape=(64, 8, 1)"),
 ])
 def test_fit_refuses_in_one_line(x, y, fit_args, received):
+  model = _model()
   with pytest.raises(ValueError) as e:
-    _model().fit(x, y, verbose=0, **fit_args)
+    model.fit(x, y, verbose=0, **fit_args)
   assert str(e.value).endswith("Received: " + received), str(e.value)
+  assert "\n" not in str(e.value)
+  assert not model.built  # refused before anything was built or trained
+
+
+def test_evaluate_and_a_built_fit_refuse_in_one_line():
+  model = _model()
+  model.fit(X, Y, verbose=0)
+  weights = [w.numpy() for w in model.weights]
+  for call, received in (
+      (lambda: model.evaluate(X, Y[:10], verbose=0), "len(x)=64, len(y)=10"),
+      (lambda: model.evaluate(X[:, :5], Y, verbose=0), "x.shape=(64, 5)"),
+      (lambda: model.fit(X[:, :5], Y, verbose=0), "x.shape=(64, 5)")):
+    with pytest.raises(ValueError) as e:
+      call()
+    assert str(e.value).endswith("Received: " + received), str(e.value)
+    assert "\n" not in str(e.value)
+  assert all(np.array_equal(a, w.numpy()) for a, w in zip(weights,
+                                                          model.weights))
+  # What is right still runs: evaluate returns every exit's numbers.
+  assert "module_2/loss" in model.evaluate(X, Y, verbose=0, return_dict=True)
 
 
 @pytest.mark.parametrize("value", [0, 33, 100, 2.0, "4"])

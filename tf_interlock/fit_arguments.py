@@ -60,16 +60,29 @@ def _length(value):
     return None
 
 
-def check_fit(x, y, batch_size, kwargs):
+def check_fit(x, y, batch_size, kwargs, epochs=1, initial_epoch=0,
+              example_shape=None):
   """fit(x, y, batch_size, **kwargs) before any data is read.
 
   Args:
     x, y, batch_size: as given to `InterlockModel.fit`.
     kwargs: fit's other keyword arguments.
+    epochs, initial_epoch: as given to `fit`.
+    example_shape: the shape of one example the model takes (None where a
+      size is free), or None when not known yet.
 
   Raises:
     ValueError: one line naming the bad argument.
   """
+  if not _is_int(initial_epoch) or initial_epoch < 0:
+    raise ValueError(f"initial_epoch must be an int >= 0. Received: "
+                     f"initial_epoch={initial_epoch!r}")
+  if not _is_int(epochs) or epochs <= initial_epoch:
+    # Keras would return at once with an empty History: nothing trained.
+    raise ValueError(
+        f"epochs must be an int > initial_epoch ({initial_epoch}): fit runs "
+        f"epochs {initial_epoch + 1}..epochs, and this would train none. "
+        f"Received: epochs={epochs!r}")
   if "steps_per_execution" in kwargs:
     raise ValueError(
         "steps_per_execution is set in compile(), not fit(): "
@@ -82,12 +95,33 @@ def check_fit(x, y, batch_size, kwargs):
     raise ValueError(
         "x is a list of one array, but the model has one input: pass the "
         "array itself, fit(x[0], y). Received: x=list of 1 array")
+  check_lengths(x, y)
+  check_example_shape(x, example_shape)
+
+
+def check_lengths(x, y):
+  """x and y (arrays) hold the same number of examples (fit, evaluate)."""
   nx, ny = _length(x), _length(y)
   if (nx is not None and ny is not None and nx != ny and
       not isinstance(x, (list, tuple, dict))):
     raise ValueError(
         f"x and y must hold the same number of examples. Received: "
         f"len(x)={nx}, len(y)={ny}")
+
+
+def check_example_shape(x, example_shape):
+  """An array x's examples have the shape the model takes (None: any)."""
+  shape = getattr(x, "shape", None)
+  if example_shape is None or shape is None or isinstance(x, dict):
+    return
+  shape = tuple(shape)[1:]
+  if len(shape) != len(example_shape) or any(
+      want is not None and got is not None and want != got
+      for got, want in zip(shape, example_shape)):
+    want = tuple(example_shape)
+    raise ValueError(
+        f"x's examples have shape {shape}, but the model takes examples of "
+        f"shape {want} (None: any size). Received: x.shape={tuple(x.shape)}")
 
 
 def export_owner(model):

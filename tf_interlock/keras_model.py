@@ -314,7 +314,9 @@ class InterlockModel(keras.Model):
     if self.trainer is None:
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
-    fit_arguments.check_fit(x, y, batch_size, kwargs)
+    fit_arguments.check_fit(x, y, batch_size, kwargs, epochs=epochs,
+                            initial_epoch=initial_epoch,
+                            example_shape=self._example_shape())
     if self.distribute_strategy is not self._distribute:
       raise ValueError(
           f"InterlockModel trains with the tf.distribute strategy it was "
@@ -396,6 +398,33 @@ class InterlockModel(keras.Model):
       fit_logs.steps_per_epoch, fit_logs.steps_done = saved
     logs = {key: float(value) for key, value in logs.items()}
     return logs if return_dict else keras_fit.logs_in_order(self, logs)
+
+  def evaluate(self, x=None, y=None, *args, **kwargs):
+    """Every exit's loss and metrics, as Keras's `evaluate`.
+
+    Arrays x and y must hold the same number of examples, and x's examples
+    the shape the model takes (refused in one line, not Keras's cardinality
+    error). Arguments and return value are Keras's.
+    """
+    fit_arguments.check_lengths(x, y)
+    fit_arguments.check_example_shape(x, self._example_shape())
+    return super().evaluate(x, y, *args, **kwargs)
+
+  def _example_shape(self):
+    """The shape of one example the model takes, or None if not known.
+
+    Built: the shape it was built for. Before that, a `from_keras` model's
+    first piece declares its source model's input (its InputLayer's
+    `batch_shape`).
+    """
+    if self.built and self._input_shape is not None:
+      return tuple(self._input_shape[1:])
+    config = getattr(self.interlock_modules[0].body, "model_config", None)
+    if config and config.get("layers"):
+      first = config["layers"][0]
+      if first.get("class_name") == "InputLayer":
+        return tuple(first["config"]["batch_shape"][1:])
+    return None
 
   def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
     """Every exit's loss and metrics on one batch, as Keras's.

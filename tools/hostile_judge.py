@@ -128,6 +128,15 @@ def judge(case, rc, work, acted_at, seconds, held):
     verdict = "held (ended first)" if rc == 0 or len(errors) == 1 else one
   elif seconds - acted_at > case.stop_within:
     verdict = f"SLOW STOP ({seconds - acted_at:.1f} s)"
+  elif case.module == "train.worker":
+    # A worker holds no state (the run's checkpoints are its client's): a
+    # signal is its way to stop, exit 0 with one line on stdout.
+    with open(os.path.join(work, ".stdout"), encoding="utf-8",
+              errors="replace") as f:
+      said = [line for line in f.read().splitlines()
+              if line.startswith("worker stopped (")]
+    verdict = "held" if rc == 0 and len(said) == 1 else "SILENT"
+    first = said[0] if said else first
   else:
     verdict = one
   if case.absent and os.path.lexists(case.absent.replace("WORK", work)):
