@@ -20,7 +20,7 @@ from tools.hostile_cases import (CLUSTER, Case, INT, KILL, LONG, RESUME, STOP,
 PEERS = {}
 
 HOLDS = {  # phase: (target, n) with RESUME's flags
-    "lock": ("tf_interlock.run_lock.RunLock.acquire", 1),
+    "lock": ("train.run_lock.RunLock.acquire", 1),
     "build": ("train.train_lib.build", 1),
     "training": ("train.actions.Progress.after_loop", 3),
     "saving": ("tensorflow.python.checkpoint.checkpoint.Checkpoint._write", 2),
