@@ -122,6 +122,13 @@ def test_targets_and_deps(tmp_path):
             subprocess.run([sys.executable, "-m", "train.job"], check=True)
           """,
       "tests/test_other.py": "from train.presets import small\n",
+      "tools/sweep.py": """\
+          import subprocess
+          import sys
+
+          if __name__ == "__main__":
+            subprocess.run([sys.executable, "-m", "tests.helpers"])
+          """,
       ".venv/lib/site.py": "import pkg\n",
       "runs/scratch.py": "",
   })
@@ -133,8 +140,8 @@ def test_targets_and_deps(tmp_path):
       "pkg/__init__.py", "pkg/core.py", "pkg/sub/__init__.py",
       "pkg/sub/leaf.py", "pkg/util.py", "tests/conftest.py",
       "tests/helpers.py", "tests/test_job.py", "tests/test_other.py",
-      "train/__init__.py", "train/config.py", "train/job.py",
-      "train/presets/__init__.py", "train/presets/small.py"]
+      "tools/sweep.py", "train/__init__.py", "train/config.py",
+      "train/job.py", "train/presets/__init__.py", "train/presets/small.py"]
   # A package's own __init__ is not a dep of its modules; others' are.
   assert targets["pkg/core.py"] == textwrap.dedent("""\
       py_library(
@@ -204,6 +211,20 @@ def test_targets_and_deps(tmp_path):
           ],
       )
       """)
+  # Bazel refuses a binary that runs a testonly helper unless it is testonly.
+  assert "testonly" not in targets["tools/sweep.py"].split("py_binary")[0]
+  assert textwrap.dedent("""\
+      py_binary(
+          name = "tools_sweep_bin",
+          srcs = ["tools/sweep.py"],
+          main = "tools/sweep.py",
+          testonly = True,
+          deps = [
+              ":tests_helpers",
+              ":tools_sweep",
+          ],
+      )
+      """) in targets["tools/sweep.py"]
   assert 'size = "medium"' in targets["tests/test_other.py"]
   assert textwrap.indent(textwrap.dedent("""\
       deps = [

@@ -407,10 +407,13 @@ def generate_targets(root, test_sizes=None):
         deps=labels(imported[path]))
     if path in binaries:
       deps = {path} | _run_time_deps({path}, imported, named)
+      # Bazel refuses a non-testonly target on a testonly one: a tool that
+      # runs a tests/ helper (`python -m tests.hold`) is testonly too.
       targets[path] += "\n" + _rule(
           "py_binary", binaries[path],
           srcs=[path], main=path,
-          testonly=path.split("/")[0] == TEST_FOLDER, deps=labels(deps))
+          testonly=any(dep.split("/")[0] == TEST_FOLDER for dep in deps),
+          deps=labels(deps))
   return targets
 
 
