@@ -1,5 +1,6 @@
-"""The README's "Several hosts" commands train the MLP preset and `make
-demo`'s model (the fashion_mnist_resnet preset), as written.
+"""docs/multi_host.md's loopback recipe (the README points to it) trains
+the MLP preset and `make demo`'s model (the fashion_mnist_resnet preset),
+as written.
 
 The commands run with two changes only: free ports instead of 2222/2223 (a
 test must not depend on those being free) and a temporary model_dir (the
@@ -21,16 +22,17 @@ pytestmark = pytest.mark.cluster
 
 
 def readme_commands():
-  """The shell commands of the README's "Several hosts" blocks, in order."""
-  with open(os.path.join(cluster_procs.ROOT, "README.md")) as f:
-    section = f.read().split("## Several hosts", 1)[1].split("\n## ", 1)[0]
+  """The shell commands of docs/multi_host.md's loopback recipe, in order."""
+  with open(os.path.join(cluster_procs.ROOT, "docs", "multi_host.md")) as f:
+    section = f.read().split("### Recipe: one machine, over loopback",
+                             1)[1].split("\n#", 1)[0]
   return [line.strip() for block in re.findall(r"```sh\n(.*?)```", section,
                                                re.S)
           for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def start_readme_cluster(procs, tmp_path):
-  """The README's two workers on free ports; returns the commands as argvs
+  """The recipe's two workers on free ports; returns the commands as argvs
   (python -m dropped) with those ports and model_dirs under tmp_path."""
   commands = readme_commands()
   assert [c.split()[2] for c in commands] == [

@@ -100,9 +100,9 @@ def test_another_layers_package_first_on_the_path_fails_in_one_line(
 
 def test_readme_has_the_trainer_and_the_keras_examples():
   blocks = _blocks()
-  assert len(blocks) == 2
-  lm, _ = _blocks(os.path.join("docs", "keras.md"))
-  for block in blocks + [lm]:
+  assert len(blocks) == 3
+  lm = blocks[2]
+  for block in blocks + _blocks(os.path.join("docs", "keras.md")):
     # The public front door: no submodule imports in the examples.
     assert "import tf_interlock as ti" in block
     assert not re.search(r"from (tf_interlock|layers)\.", block)
@@ -136,9 +136,9 @@ def test_readme_keras_example_runs(installed, tmp_path):
   assert any(out.joinpath("logs").rglob("*tfevents*"))
 
 
-def test_keras_doc_transformer_example_runs(installed, tmp_path):
+def test_readme_transformer_example_runs(installed, tmp_path):
   out = tmp_path / "lm"
-  code = _blocks(os.path.join("docs", "keras.md"))[0].replace('"/tmp/lm/', '"' + str(out) + "/")
+  code = _blocks()[2].replace('"/tmp/lm/', '"' + str(out) + "/")
   lines = _run(code, tmp_path, installed).splitlines()
   # Exit 1's top-5 accuracy per epoch, then its per-token logits.
   top5 = [float(v) for v in lines[-2].strip("[]").split(",")]
@@ -150,7 +150,7 @@ def test_keras_doc_transformer_example_runs(installed, tmp_path):
 def test_keras_doc_examples_run(installed, tmp_path):
   """docs/keras.md's block: a frozen module, a metric list,
   train_on_batch, a time budget and test_on_batch."""
-  _, block = _blocks(os.path.join("docs", "keras.md"))
+  [block] = _blocks(os.path.join("docs", "keras.md"))
   lines = _run(block, tmp_path, installed).splitlines()
   assert lines[0] == str(["module_1/accuracy", "module_1/grad_norm",
                           "module_1/loss",

@@ -89,8 +89,8 @@ _VALID_SIZES = ("small", "medium", "large", "enormous")
 # Files besides pytest.ini that a test reads at run time.
 TEST_DATA = {
     "tests/test_install.py": ["pyproject.toml"],
-    "tests/test_cluster_readme.py": ["README.md"],
-    "tests/test_readme.py": ["README.md", "pyproject.toml"],
+    "tests/test_cluster_readme.py": ["docs/multi_host.md"],
+    "tests/test_readme.py": ["README.md", "docs/keras.md", "pyproject.toml"],
     "tests/test_presets_balance.py": [
         "docs/results/balance/fashion_mnist_resnet.json",
         "docs/results/balance/fortunes_lm_paper_shape.json"],
