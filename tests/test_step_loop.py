@@ -1,12 +1,15 @@
 """A training call as one traced step in a graph loop (`step_loop`): the
 same numbers as the unrolled steps, with one step in the graph."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import helpers
+from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
@@ -35,22 +38,35 @@ def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True):
   return trainer, iter(trainer.distribute_dataset(dataset))
 
 
-def _runs(strategy, microbatches, traced):
-  """{loop: (metrics of calls of 4, 4 and 3 steps, weights after them)}."""
-  runs = {}
-  for loop in step_loop.LOOPS:
-    trainer, iterator = _trainer(loop, strategy, microbatches, traced=traced)
-    metrics = [trainer.train_loop(iterator) for _ in range(2)]
-    metrics.append(trainer.train_loop(iterator, num_steps=3))
-    runs[loop] = metrics, helpers.weights(trainer.modules)
-  return runs["unrolled"], runs["while"]
+@functools.lru_cache(maxsize=None)
+def _run(loop, strategy, microbatches, traced, steps_per_loop):
+  """(metrics of calls of `steps_per_loop`, `steps_per_loop` and 2 steps,
+  weights after build, weights after the calls) of one trainer.
+
+  Two calls of one loop function and one of another (2 steps: one more
+  trip through the while loop's body after the first step). Cached: the
+  runs are deterministic, and tests only read them.
+  """
+  trainer, iterator = _trainer(loop, strategy, microbatches,
+                               steps_per_loop=steps_per_loop, traced=traced)
+  built = helpers.weights(trainer.modules)
+  metrics = [trainer.train_loop(iterator) for _ in range(2)]
+  metrics.append(trainer.train_loop(iterator, num_steps=2))
+  return metrics, built, helpers.weights(trainer.modules)
 
 
-@pytest.mark.parametrize("strategy,microbatches",
-                         [("2wise", 1), ("e2e", 2), ("local", 1)])
-def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches):
+# A loop of 3 steps checks what 4 do. 2-wise loops 4 steps: its looped run
+# (op by op) is also the per-module test's below, whose unrolled loop needs
+# 4 calls per module (`module_functions.MIN_CALLS`) to trace them.
+@pytest.mark.parametrize("strategy,microbatches,steps_per_loop",
+                         [("2wise", 1, 4), ("e2e", 2, 3), ("local", 1, 3)])
+def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches,
+                                            steps_per_loop):
   # Both op by op: the loop alone differs, and changes no weight's bit.
-  (want, want_w), (got, got_w) = _runs(strategy, microbatches, traced=False)
+  want, _, want_w = _run("unrolled", strategy, microbatches, False,
+                         steps_per_loop)
+  got, built, got_w = _run("while", strategy, microbatches, False,
+                           steps_per_loop)
   assert len(got_w) == len(want_w)
   for a, b in zip(got_w, want_w):
     np.testing.assert_array_equal(a, b)
@@ -60,18 +76,20 @@ def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches):
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
                                rtol=3e-7)
-  # 11 steps changed the weights (the comparison is not of two starts).
-  fresh, _ = _trainer("unrolled", strategy, microbatches)
-  assert any(not np.array_equal(a, b) for a, b in
-             zip(got_w, helpers.weights(fresh.modules)))
+  # The steps changed the weights (the comparison is not of two starts).
+  assert any(not np.array_equal(a, b) for a, b in zip(got_w, built))
 
 
 def test_looped_equals_unrolled_with_per_module_functions():
   # Unrolled, 4 calls per module and loop go through the per-module
-  # functions; the loop traces one step op by op (cheaper to trace). The
-  # two graphs then differ as traced and op by op do
-  # (tests/test_module_functions.py): in the last float bits.
-  (want, want_w), (got, got_w) = _runs("2wise", 1, traced=True)
+  # functions. The loop calls the step once per iteration, below
+  # MIN_CALLS: it traces one step op by op whatever `traced` says, the
+  # bit-for-bit test's 2-wise run. The two graphs then differ as traced
+  # and op by op do (tests/test_module_functions.py): in the last float
+  # bits.
+  assert module_functions.MIN_CALLS == 4
+  want, _, want_w = _run("unrolled", "2wise", 1, True, 4)
+  got, _, got_w = _run("while", "2wise", 1, False, 4)
   for a, b in zip(got, want):
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
