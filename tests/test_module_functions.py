@@ -59,14 +59,14 @@ _Run = collections.namedtuple("_Run", "trainer iterator weights metrics")
 
 
 @functools.lru_cache(maxsize=None)
-def _traced_run(strategy, steps_per_loop, microbatches=1, then=None):
+def _traced_run(strategy, steps_per_loop, microbatches, then):
   """A trainer with per-module functions after two calls of
   `steps_per_loop` steps (its weights and last metrics then), and after
   one more call of `then` steps (a second loop function), if given.
 
-  Cached (pass every argument by position: one key per run), shared by
-  tests: they read its traces and the graphs of loop
-  functions it has traced, and run nothing on it.
+  Cached (pass every argument by position: one key per run) and shared:
+  tests read its traces and the graphs of the loop functions it has
+  traced, and run nothing on it.
   """
   trainer, iterator = _trainer(steps_per_loop, strategy=strategy,
                                microbatches=microbatches)
@@ -85,11 +85,10 @@ def _calls(graph, device):
 
 # Steps 2 and 4, M 1 and 2: the traces do not grow with either. (A loop of
 # 8 steps of 2 microbatches showed the same at twice the graph of (4, 2).)
-# `then` steps make a second loop function: (4, 2) then 2 (4 calls per
-# module) calls the same traced functions; 1 step (1 or 2 calls per
-# module, below MIN_CALLS) runs op by op and traces nothing.
+# (4, 2) then makes a second loop function, of 2 steps (4 calls per
+# module): it calls the same traced functions.
 @pytest.mark.parametrize("steps_per_loop,microbatches,then",
-                         [(4, 1, 1), (2, 2, 1), (4, 2, 2)])
+                         [(4, 1, None), (2, 2, None), (4, 2, 2)])
 def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
                                                     microbatches, then):
   trainer, iterator, _, _ = _traced_run("2wise", steps_per_loop,
@@ -122,7 +121,7 @@ def test_few_calls_per_loop_run_op_by_op():
 @pytest.mark.parametrize("strategy", ["2wise", "e2e", "local", "2wise-sum"])
 def test_traced_equals_op_by_op(strategy):
   # 2-wise: the run of the first case above.
-  traced = _traced_run(strategy, 4, 1, 1 if strategy == "2wise" else None)
+  traced = _traced_run(strategy, 4, 1, None)
   # Op by op, the steps looped (one step traced: cheaper to trace), which
   # changes no bit of the weights (tests/test_step_loop.py).
   inline, it_inline = _trainer(4, traced=False, strategy=strategy,
@@ -159,7 +158,7 @@ def test_a_module_waits_only_for_its_own_work():
   variables) only for ops of its own module; module k's forward at step 2
   waits for module k's update at step 1."""
   # The 2-wise run of the tests above (4 steps, M = 1).
-  trainer, iterator, _, _ = _traced_run("2wise", 4, 1, 1)
+  trainer, iterator, _, _ = _traced_run("2wise", 4, 1, None)
   graph = trainer.loop_function(4).get_concrete_function(iterator).graph
   # A variable read names no device in the graph: it runs where the
   # variable lives (the handle captured from outside).
