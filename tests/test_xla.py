@@ -2,7 +2,7 @@
 
 A TPU runs only XLA programs, so every op of a step must have an XLA kernel
 and static shapes. Each cell trains the same modules, from the same weights
-on the same batches, for 2 steps with `jit_compile=True` and with
+on the same batches, for 3 steps with `jit_compile=True` and with
 `jit_compile=False` on CPU, and compares every weight (BatchNorm statistics
 included) and every metric afterwards.
 
@@ -18,7 +18,7 @@ else differs). Mixed precision: `MIXED_TOLERANCE` on the float32 weights.
 XLA keeps a fused chain of bfloat16/float16 ops in float32 where TF rounds
 after every op, so activations differ by a few units in the last place of
 the 8-bit (bfloat16) or 11-bit (float16) mantissa, i.e. up to ~1e-2 and
-~1e-3 relative; after 2 SGD steps at learning rate 0.1 that moves weights by
+~1e-3 relative; after 3 SGD steps at learning rate 0.1 that moves weights by
 far less than 1e-2.
 
 XLA really compiles: a planted `tf.numpy_function` (a host op, which no
@@ -44,9 +44,7 @@ from tf_interlock.keras_model import InterlockModel
 from tf_interlock.trainer import InterlockTrainer
 from train import config as config_lib
 
-# Two steps: the second runs on what the first wrote (weights, BatchNorm
-# statistics, step counters), as every later one would.
-STEPS = 2
+STEPS = 3
 BATCH = 8
 FLOAT32_TOLERANCE = 1e-5
 MIXED_TOLERANCE = {"mixed_bfloat16": 2e-2, "mixed_float16": 2e-3}
@@ -133,7 +131,7 @@ def _trainer(modules, cell, jit_compile, x):
 
 
 def _train(cell, jit_compile, initial=None):
-  """(trainer, metrics, weights before, weights after) of STEPS steps."""
+  """(trainer, metrics, weights before, weights after) of 3 steps."""
   model, k, _, _, _, precision, _ = cell
   with _Policy(precision):
     modules, (x, y) = MODELS[model](k)
