@@ -1,6 +1,9 @@
 """Per-module traced functions: traced once per module and input shape,
 however many steps are unrolled, and the same numbers as op by op."""
 
+import collections
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -15,19 +18,19 @@ from tf_interlock.trainer import InterlockTrainer
 K = 3
 
 
-def _modules(seed=2):
+def _modules(seed=2, num_modules=K):
   """MLP modules with BatchNormalization and L2 regularizers: the traced
   body must carry BN's moving-statistics updates and return the
   regularization losses."""
   init = lambda i: keras.initializers.GlorotUniform(seed=seed * 100 + i)  # noqa
   modules = []
-  for k in range(K):
+  for k in range(num_modules):
     body = [keras.layers.Dense(12, activation="relu",
                                kernel_initializer=init(2 * k),
                                kernel_regularizer=keras.regularizers.L2(0.1)),
             keras.layers.BatchNormalization()]
     head = None
-    if k == K - 1:
+    if k == num_modules - 1:
       body.append(keras.layers.Dense(helpers.NUM_CLASSES,
                                      kernel_initializer=init(2 * k + 1)))
     else:
@@ -37,18 +40,42 @@ def _modules(seed=2):
   return modules
 
 
-def _trainer(steps_per_loop, traced=True, strategy="2wise", microbatches=1):
+def _trainer(steps_per_loop, traced=True, strategy="2wise", microbatches=1,
+             loop="unrolled", num_modules=K):
   x, y = helpers.batch(size=8)
   trainer = InterlockTrainer(
-      _modules(), lambda k: keras.optimizers.Adam(0.01), strategy,
-      loss_fn=helpers.cross_entropy,
-      placement=placement_lib.make_placement("simulated", K),
+      _modules(num_modules=num_modules), lambda k: keras.optimizers.Adam(0.01),
+      strategy, loss_fn=helpers.cross_entropy,
+      placement=placement_lib.make_placement("simulated", num_modules),
       steps_per_loop=steps_per_loop, num_microbatches=microbatches)
-  trainer.loop = "unrolled"  # the per-module functions of unrolled steps
+  trainer.loop = loop  # unrolled: the per-module functions' steps
   trainer.step.functions.traced = traced
   trainer.build(x)
   iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
   return trainer, iterator
+
+
+_Run = collections.namedtuple("_Run", "trainer iterator weights metrics")
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_run(strategy, steps_per_loop, microbatches, then, num_modules):
+  """A trainer with per-module functions after two calls of
+  `steps_per_loop` steps (its weights and last metrics then), and after
+  one more call of `then` steps (a second loop function), if given.
+
+  Cached (pass every argument by position: one key per run) and shared:
+  tests read its traces and the graphs of the loop functions it has
+  traced, and run nothing on it.
+  """
+  trainer, iterator = _trainer(steps_per_loop, strategy=strategy,
+                               microbatches=microbatches,
+                               num_modules=num_modules)
+  metrics = [trainer.train_loop(iterator) for _ in range(2)][-1]
+  weights = helpers.weights(trainer.modules)
+  if then is not None:
+    trainer.train_loop(iterator, num_steps=then)
+  return _Run(trainer, iterator, weights, metrics)
 
 
 def _calls(graph, device):
@@ -59,13 +86,14 @@ def _calls(graph, device):
 
 # Steps 2 and 4, M 1 and 2: the traces do not grow with either. (A loop of
 # 8 steps of 2 microbatches showed the same at twice the graph of (4, 2).)
-@pytest.mark.parametrize("steps_per_loop,microbatches", [(4, 1), (2, 2),
-                                                        (4, 2)])
+# (4, 2) then makes a second loop function, of 2 steps (4 calls per
+# module): it calls the same traced functions.
+@pytest.mark.parametrize("steps_per_loop,microbatches,then",
+                         [(4, 1, None), (2, 2, None), (4, 2, 2)])
 def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
-                                                    microbatches):
-  trainer, iterator = _trainer(steps_per_loop, microbatches=microbatches)
-  trainer.train_loop(iterator)
-  trainer.train_loop(iterator, num_steps=3)  # a second loop function
+                                                    microbatches, then):
+  trainer, iterator, _, _ = _traced_run("2wise", steps_per_loop,
+                                        microbatches, then, K)
   expected = {(kind, k): 1 for kind in ("body", "update", "grad_norm")
               for k in range(K)}
   assert dict(trainer.step.functions.traces) == expected
@@ -93,18 +121,24 @@ def test_few_calls_per_loop_run_op_by_op():
 
 @pytest.mark.parametrize("strategy", ["2wise", "e2e", "local", "2wise-sum"])
 def test_traced_equals_op_by_op(strategy):
-  traced, it_traced = _trainer(4, strategy=strategy)
-  inline, it_inline = _trainer(4, traced=False, strategy=strategy)
+  # K = 3: a middle module, which e2e's cotangent for L_3 crosses and
+  # 2-wise's for L_2 leaves; local sends no cotangent: K = 2 shows it.
+  num_modules = 2 if strategy == "local" else K
+  # 2-wise: the run of the first case above.
+  traced = _traced_run(strategy, 4, 1, None, num_modules)
+  # Op by op, the steps looped (one step traced: cheaper to trace), which
+  # changes no bit of the weights (tests/test_step_loop.py).
+  inline, it_inline = _trainer(4, traced=False, strategy=strategy,
+                               loop="while", num_modules=num_modules)
   for _ in range(2):
-    m_traced = traced.train_loop(it_traced)
     m_inline = inline.train_loop(it_inline)
   assert not inline.step.functions.traces  # really op by op
-  assert traced.step.functions.traces[("body", 0)] == 1
-  for a, b in zip(helpers.weights(traced.modules),
-                  helpers.weights(inline.modules)):
+  assert traced.trainer.step.functions.traces[("body", 0)] == 1
+  assert traced.trainer.loop == "unrolled"
+  for a, b in zip(traced.weights, helpers.weights(inline.modules)):
     np.testing.assert_allclose(a, b, atol=1e-6)
   for key, value in m_inline.items():
-    np.testing.assert_allclose(m_traced[key], value, atol=1e-6)
+    np.testing.assert_allclose(traced.metrics[key], value, atol=1e-6)
 
 
 def test_other_strategies_run_op_by_op(mirrored):
@@ -127,7 +161,8 @@ def test_a_module_waits_only_for_its_own_work():
   """What keeps the overlap: a call waits (control edges, from shared
   variables) only for ops of its own module; module k's forward at step 2
   waits for module k's update at step 1."""
-  trainer, iterator = _trainer(4)
+  # The 2-wise run of the tests above (4 steps, M = 1).
+  trainer, iterator, _, _ = _traced_run("2wise", 4, 1, None, K)
   graph = trainer.loop_function(4).get_concrete_function(iterator).graph
   # A variable read names no device in the graph: it runs where the
   # variable lives (the handle captured from outside).

@@ -1,12 +1,16 @@
 """A training call as one traced step in a graph loop (`step_loop`): the
 same numbers as the unrolled steps, with one step in the graph."""
 
+import collections
+import functools
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import helpers
+from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
@@ -15,13 +19,14 @@ from tf_interlock.trainer import InterlockTrainer
 K = 3
 
 
-def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True):
+def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
+             num_modules=K):
   x, y = helpers.batch(size=8)
   trainer = InterlockTrainer(
-      helpers.mlp_modules(K, batch_norm=True),
+      helpers.mlp_modules(num_modules, batch_norm=True),
       lambda k: keras.optimizers.Adam(0.01), strategy,
       loss_fn=helpers.cross_entropy,
-      placement=placement_lib.make_placement("simulated", K),
+      placement=placement_lib.make_placement("simulated", num_modules),
       steps_per_loop=steps_per_loop, num_microbatches=microbatches)
   trainer.loop = loop
   trainer.step.functions.traced = traced
@@ -35,22 +40,46 @@ def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True):
   return trainer, iter(trainer.distribute_dataset(dataset))
 
 
-def _runs(strategy, microbatches, traced):
-  """{loop: (metrics of calls of 4, 4 and 3 steps, weights after them)}."""
-  runs = {}
-  for loop in step_loop.LOOPS:
-    trainer, iterator = _trainer(loop, strategy, microbatches, traced=traced)
-    metrics = [trainer.train_loop(iterator) for _ in range(2)]
-    metrics.append(trainer.train_loop(iterator, num_steps=3))
-    runs[loop] = metrics, helpers.weights(trainer.modules)
-  return runs["unrolled"], runs["while"]
+_Run = collections.namedtuple(
+    "_Run", "metrics built weights trainer iterator")
 
 
-@pytest.mark.parametrize("strategy,microbatches",
-                         [("2wise", 1), ("e2e", 2), ("local", 1)])
-def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches):
+@functools.lru_cache(maxsize=None)
+def _run(loop, strategy, microbatches, traced, steps_per_loop, num_modules):
+  """One trainer's calls of `steps_per_loop`, `steps_per_loop` and 2 steps:
+  their metrics, the weights after build and after the calls, and the
+  trainer and its iterator (to look at the loop functions' graphs).
+
+  Two calls of one loop function and one of another (2 steps: one more
+  trip through the while loop's body after the first step). Cached: the
+  runs are deterministic, and tests only read them (never run them on).
+  """
+  trainer, iterator = _trainer(loop, strategy, microbatches,
+                               steps_per_loop=steps_per_loop, traced=traced,
+                               num_modules=num_modules)
+  built = helpers.weights(trainer.modules)
+  metrics = [trainer.train_loop(iterator) for _ in range(2)]
+  metrics.append(trainer.train_loop(iterator, num_steps=2))
+  return _Run(metrics, built, helpers.weights(trainer.modules), trainer,
+              iterator)
+
+
+# A loop of 3 steps checks what 4 do. 2-wise loops 4 steps: its looped run
+# (op by op) is also the per-module test's below, whose unrolled loop needs
+# 4 calls per module (`module_functions.MIN_CALLS`) to trace them. K = 3
+# where the window matters (2-wise: module 1 trained by L_2, not L_K);
+# end-to-end and local loop alike at K = 2 (a step's graph, so its
+# tracing, grows with K).
+@pytest.mark.parametrize("strategy,microbatches,steps_per_loop,num_modules",
+                         [("2wise", 1, 4, 3), ("e2e", 2, 3, 2),
+                          ("local", 1, 3, 2)])
+def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches,
+                                            steps_per_loop, num_modules):
   # Both op by op: the loop alone differs, and changes no weight's bit.
-  (want, want_w), (got, got_w) = _runs(strategy, microbatches, traced=False)
+  want, _, want_w, _, _ = _run("unrolled", strategy, microbatches, False,
+                               steps_per_loop, num_modules)
+  got, built, got_w, _, _ = _run("while", strategy, microbatches, False,
+                                 steps_per_loop, num_modules)
   assert len(got_w) == len(want_w)
   for a, b in zip(got_w, want_w):
     np.testing.assert_array_equal(a, b)
@@ -60,18 +89,20 @@ def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches):
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
                                rtol=3e-7)
-  # 11 steps changed the weights (the comparison is not of two starts).
-  fresh, _ = _trainer("unrolled", strategy, microbatches)
-  assert any(not np.array_equal(a, b) for a, b in
-             zip(got_w, helpers.weights(fresh.modules)))
+  # The steps changed the weights (the comparison is not of two starts).
+  assert any(not np.array_equal(a, b) for a, b in zip(got_w, built))
 
 
 def test_looped_equals_unrolled_with_per_module_functions():
   # Unrolled, 4 calls per module and loop go through the per-module
-  # functions; the loop traces one step op by op (cheaper to trace). The
-  # two graphs then differ as traced and op by op do
-  # (tests/test_module_functions.py): in the last float bits.
-  (want, want_w), (got, got_w) = _runs("2wise", 1, traced=True)
+  # functions. The loop calls the step once per iteration, below
+  # MIN_CALLS: it traces one step op by op whatever `traced` says, the
+  # bit-for-bit test's 2-wise run. The two graphs then differ as traced
+  # and op by op do (tests/test_module_functions.py): in the last float
+  # bits.
+  assert module_functions.MIN_CALLS == 4
+  want, _, want_w, _, _ = _run("unrolled", "2wise", 1, True, 4, K)
+  got, _, got_w, _, _ = _run("while", "2wise", 1, False, 4, K)
   for a, b in zip(got, want):
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
@@ -81,17 +112,20 @@ def test_looped_equals_unrolled_with_per_module_functions():
 
 
 def test_looped_graph_holds_one_step():
+  # The 2-wise runs above, of 4 steps per loop: unrolled with per-module
+  # functions, and looped (one step, traced op by op whatever `traced`
+  # says).
   graphs = {}
-  for loop in step_loop.LOOPS:
-    trainer, iterator = _trainer(loop, "2wise", 1, steps_per_loop=6)
-    graphs[loop] = trainer.loop_function(6).get_concrete_function(
-        iterator).graph
+  for loop, traced in (("unrolled", True), ("while", False)):
+    run = _run(loop, "2wise", 1, traced, 4, K)
+    graphs[loop] = run.trainer.loop_function(4).get_concrete_function(
+        run.iterator).graph
   types = {loop: [op.type for op in g.get_operations()]
            for loop, g in graphs.items()}
   assert "While" in types["while"] and "While" not in types["unrolled"]
-  # The unrolled graph reads six batches; the looped one reads the first
+  # The unrolled graph reads four batches; the looped one reads the first
   # batch outside the loop and the others in its body (another graph).
-  assert types["unrolled"].count("IteratorGetNext") == 6
+  assert types["unrolled"].count("IteratorGetNext") == 4
   assert types["while"].count("IteratorGetNext") == 1
   assert len(types["while"]) < len(types["unrolled"]) / 3
   # The cost (step_loop's docstring): the body's loop variables wait, by
