@@ -98,6 +98,10 @@ def _run_lines(module_name, command_lines):
   from absl import flags  # pylint: disable=g-import-not-at-top
   results = []
   for flags_given in command_lines:
+    # On the real stderr: if the binary ends the process (os._exit), the
+    # test's error names the command line it was running.
+    print(f"tests.refusals: running {module_name} {' '.join(flags_given)}",
+          file=sys.__stderr__, flush=True)
     flags.FLAGS.unparse_flags()
     err = io.StringIO()
     code = 0
