@@ -14,7 +14,9 @@ each command line. TensorFlow's import (seconds of CPU) is paid once.
 does the same for several binaries in one process ({module: [results]}):
 it imports them in turn, and before the next one it deletes the flags the
 previous one defined and forgets the modules that defined them, so that
-the next import defines its own flags of the same names afresh.
+the next import defines its own flags of the same names afresh. It also
+reports the help of each binary's flags ({module: {defining module:
+{flag: help}}}), read once the binary is imported.
 
 A binary is imported in a process of its own (here, not the test's):
 research binaries define flags of the same names as train's, so two of
@@ -56,9 +58,18 @@ def run(module, command_lines):
 def run_each(command_lines_by_module):
   """{module: [{"code", "stderr"}]} of each module on its command lines:
   all of them in one child process, the modules imported in turn."""
-  return _child("--each", {
+  return run_each_with_helps(command_lines_by_module)[0]
+
+
+def run_each_with_helps(command_lines_by_module):
+  """As `run_each`, and the help of every flag of each module: a pair
+  ({module: [{"code", "stderr"}]}, {module: {defining module: {flag:
+  help}}}) from one child process. A module given no command lines is
+  only imported."""
+  found = _child("--each", {
       module: [list(flags) for flags in command_lines]
       for module, command_lines in command_lines_by_module.items()})
+  return found["results"], found["helps"]
 
 
 def _exit_code(e):
@@ -68,15 +79,21 @@ def _exit_code(e):
   return e.code if isinstance(e.code, int) else 1
 
 
+def _our_flags():
+  """{defining module: {flag: help}} of the flags that train/ and
+  research/ modules defined."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  return {name: {flag.name: flag.help for flag in found}
+          for name, found in flags.FLAGS.flags_by_module_dict().items()
+          if name.startswith(("train.", "research."))}
+
+
 def _forget_flags_of(module_name):
   """Deletes the flags that train/ and research/ modules defined, and
   forgets those modules and `module_name` (the binary just run), so that
   the next binary's import runs their DEFINEs again."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  defined = {
-      name: [flag.name for flag in found]
-      for name, found in flags.FLAGS.flags_by_module_dict().items()
-      if name.startswith(("train.", "research."))}
+  defined = _our_flags()
   for names in defined.values():
     for name in names:
       if name in flags.FLAGS:
@@ -97,6 +114,8 @@ def _run_lines(module_name, command_lines):
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   results = []
+  if not command_lines:
+    return results
   for flags_given in command_lines:
     # On the real stderr: if the binary ends the process (os._exit), the
     # test's error names the command line it was running.
@@ -123,11 +142,12 @@ def main(argv):
   if argv[1] != "--each":
     print(json.dumps(_run_lines(argv[1], given)))
     return
-  results = {}
+  results, helps = {}, {}
   for module_name, command_lines in given.items():
     results[module_name] = _run_lines(module_name, command_lines)
+    helps[module_name] = _our_flags()
     _forget_flags_of(module_name)
-  print(json.dumps(results))
+  print(json.dumps({"results": results, "helps": helps}))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import tensorflow as tf
 
 from layers import common
 from layers.interlock_module import InterlockModule
-from tests import refusals
 from tests.binaries import ROOT
 from tf_interlock.data import images
 from tf_interlock.data import text
@@ -229,40 +228,6 @@ def test_bad_flags_fail_in_one_line_and_write_nothing(bad_flag_runs, capsys):
     _check(flags_given, words, proc.returncode, err, model_dir)
     if _default_logging(flags_given):
       assert len(err.strip().splitlines()) == 1, (flags_given, err)
-
-
-POSITIONAL_BINARIES = ["train.train", "train.evaluate", "train.export",
-                       "train.worker", "research.compare",
-                       "research.benchmark"]
-
-
-@pytest.fixture(scope="module")
-def positional_refusals(tmp_path_factory):
-  """(root, {binary: result}): `BINARY stray` of every binary of
-  POSITIONAL_BINARIES, all in one child process (tests.refusals.run_each);
-  the training binaries are given --model_dir=ROOT/BINARY/run too."""
-  root = tmp_path_factory.mktemp("positional")
-  command_lines = {
-      binary: [["stray", f"--model_dir={root / binary / 'run'}"] if (
-          binary.startswith("train.t")) else ["stray"]]
-      for binary in POSITIONAL_BINARIES}
-  results = refusals.run_each(command_lines)
-  return root, {binary: result for binary, [result] in results.items()}
-
-
-@pytest.mark.parametrize("binary", POSITIONAL_BINARIES)
-def test_a_positional_argument_is_one_line_not_the_usage_text(
-    binary, positional_refusals):
-  # `python -m train.train foo`: absl's UsageError would print the whole
-  # usage text; the boundary says it in one line, before anything runs.
-  root, results = positional_refusals
-  result = results[binary]
-  assert result["code"] == 1
-  lines = result["stderr"].strip().splitlines()
-  assert len(lines) == 1, result["stderr"]
-  assert lines[0].startswith("error: Unexpected arguments: ['stray']"), lines
-  assert lines[0].endswith("Received: arguments=['stray']"), lines
-  assert not (root / binary / "run").exists()
 
 
 def _config(**fields):
