@@ -7,7 +7,9 @@ the field in train/config.py, so the two cannot drift. The binaries define
 flags with the same names (--preset, --num_modules, ...), so one process
 (tests.refusals.run_each_with_helps) imports each binary in turn,
 forgetting the flags of the previous one, and reports {module: {flag:
-help}}; the same process runs the positional-argument command lines.
+help}}; the same process runs the refusals of a stray positional
+argument and research.tracing_time's bad flags (test_tracing_time.BAD_FLAGS),
+each of which would otherwise cost a process of its own.
 """
 
 import ast
@@ -18,6 +20,7 @@ from absl import flags as absl_flags
 import pytest
 
 from tests import refusals
+from tests import test_tracing_time
 from tests.binaries import ROOT
 from tools import gen_build
 from train import config as config_lib
@@ -85,19 +88,23 @@ POSITIONAL_BINARIES = ["train.train", "train.evaluate", "train.export",
 
 @pytest.fixture(scope="module")
 def every_binary(tmp_path_factory):
-  """(helps, positional, root): {binary: {defining module: {flag: help}}} of
-  every binary, and {binary: result} of `BINARY stray` for each of
-  POSITIONAL_BINARIES (train.train given --model_dir=ROOT/BINARY/run too),
-  all from one child process."""
+  """(helps, positional, root, tracing_time): {binary: {defining module:
+  {flag: help}}} of every binary; {binary: result} of `BINARY stray` for
+  each of POSITIONAL_BINARIES (train.train given --model_dir=ROOT/BINARY/run
+  too); and {flag: result} of research.tracing_time given each flag of
+  test_tracing_time.BAD_FLAGS; all from one child process."""
   root = tmp_path_factory.mktemp("positional")
   command_lines = {binary: [] for binary in binaries()}
   for binary in POSITIONAL_BINARIES:
     command_lines[binary] = [
         ["stray", f"--model_dir={root / binary / 'run'}"] if (
             binary == "train.train") else ["stray"]]
+  bad_flags = [flag for flag, _ in test_tracing_time.BAD_FLAGS]
+  command_lines["research.tracing_time"] = [[flag] for flag in bad_flags]
   results, helps = refusals.run_each_with_helps(command_lines)
   positional = {binary: results[binary][0] for binary in POSITIONAL_BINARIES}
-  return helps, positional, root
+  tracing_time = dict(zip(bad_flags, results["research.tracing_time"]))
+  return helps, positional, root, tracing_time
 
 
 @pytest.fixture
@@ -138,7 +145,7 @@ def test_a_positional_argument_is_one_line_not_the_usage_text(
     binary, every_binary):
   # `python -m train.train foo`: absl's UsageError would print the whole
   # usage text; the boundary says it in one line, before anything runs.
-  _, positional, root = every_binary
+  _, positional, root, _ = every_binary
   result = positional[binary]
   assert result["code"] == 1
   lines = result["stderr"].strip().splitlines()
@@ -146,6 +153,15 @@ def test_a_positional_argument_is_one_line_not_the_usage_text(
   assert lines[0].startswith("error: Unexpected arguments: ['stray']"), lines
   assert lines[0].endswith("Received: arguments=['stray']"), lines
   assert not (root / binary / "run").exists()
+
+
+@pytest.mark.parametrize("flag,shown", test_tracing_time.BAD_FLAGS)
+def test_tracing_time_bad_flags_fail_in_one_line(every_binary, flag, shown):
+  result = every_binary[3][flag]
+  assert result["code"] == 1
+  lines = result["stderr"].strip().splitlines()
+  assert len(lines) == 1 and shown in lines[0], result["stderr"]
+  assert "Received:" in lines[0]
 
 
 def test_a_planted_bad_help_is_caught():
