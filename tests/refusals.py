@@ -85,7 +85,7 @@ def _our_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
   return {name: {flag.name: flag.help for flag in found}
           for name, found in flags.FLAGS.flags_by_module_dict().items()
-          if name.startswith(("train.", "research."))}
+          if name.split(".")[0] in ("train", "research")}
 
 
 def _forget_flags_of(module_name):

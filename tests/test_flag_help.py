@@ -8,8 +8,8 @@ flags with the same names (--preset, --num_modules, ...), so one process
 (tests.refusals.run_each_with_helps) imports each binary in turn,
 forgetting the flags of the previous one, and reports {module: {flag:
 help}}; the same process runs the refusals of a stray positional
-argument and research.tracing_time's bad flags (test_tracing_time.BAD_FLAGS),
-each of which would otherwise cost a process of its own.
+argument and research.tracing_time's bad flags, each of which would
+otherwise cost a process of its own.
 """
 
 import ast
@@ -20,7 +20,6 @@ from absl import flags as absl_flags
 import pytest
 
 from tests import refusals
-from tests import test_tracing_time
 from tests.binaries import ROOT
 from tools import gen_build
 from train import config as config_lib
@@ -86,20 +85,32 @@ POSITIONAL_BINARIES = ["train.train", "train.evaluate", "train.export",
                        "research.benchmark"]
 
 
+# research.tracing_time's bad flags (flag, what its one error line shows);
+# the binary's real run is test_tracing_time.py's (make test-slow).
+TRACING_TIME_BAD_FLAGS = [
+    ("--model=vgg", "--model='vgg' is invalid"),
+    ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
+    ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
+    ("--loops=unrolled,scan", "--loops='unrolled,scan' is invalid"),
+    ("--graph_optimizations=none", "--graph_optimizations='none' is "
+     "invalid"),
+]
+
+
 @pytest.fixture(scope="module")
 def every_binary(tmp_path_factory):
   """(helps, positional, root, tracing_time): {binary: {defining module:
   {flag: help}}} of every binary; {binary: result} of `BINARY stray` for
   each of POSITIONAL_BINARIES (train.train given --model_dir=ROOT/BINARY/run
   too); and {flag: result} of research.tracing_time given each flag of
-  test_tracing_time.BAD_FLAGS; all from one child process."""
+  TRACING_TIME_BAD_FLAGS; all from one child process."""
   root = tmp_path_factory.mktemp("positional")
   command_lines = {binary: [] for binary in binaries()}
   for binary in POSITIONAL_BINARIES:
     command_lines[binary] = [
         ["stray", f"--model_dir={root / binary / 'run'}"] if (
             binary == "train.train") else ["stray"]]
-  bad_flags = [flag for flag, _ in test_tracing_time.BAD_FLAGS]
+  bad_flags = [flag for flag, _ in TRACING_TIME_BAD_FLAGS]
   command_lines["research.tracing_time"] = [[flag] for flag in bad_flags]
   results, helps = refusals.run_each_with_helps(command_lines)
   positional = {binary: results[binary][0] for binary in POSITIONAL_BINARIES}
@@ -155,7 +166,7 @@ def test_a_positional_argument_is_one_line_not_the_usage_text(
   assert not (root / binary / "run").exists()
 
 
-@pytest.mark.parametrize("flag,shown", test_tracing_time.BAD_FLAGS)
+@pytest.mark.parametrize("flag,shown", TRACING_TIME_BAD_FLAGS)
 def test_tracing_time_bad_flags_fail_in_one_line(every_binary, flag, shown):
   result = every_binary[3][flag]
   assert result["code"] == 1

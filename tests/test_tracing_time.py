@@ -1,10 +1,10 @@
 """research.tracing_time: one-line errors for bad flags, and a real cell.
 
-BAD_FLAGS run in test_flag_help.py's child process, which imports every
-binary anyway (tests.refusals.run_each_with_helps): a process of their own
-would cost a TensorFlow import of seconds for five refusals. The real
-binary runs in test_one_cell_times_tracing_then_steady_calls (make
-test-slow).
+Its bad flags (TRACING_TIME_BAD_FLAGS) are refused in test_flag_help.py,
+in the child process that imports every binary anyway
+(tests.refusals.run_each_with_helps): a process of their own would cost a
+TensorFlow import of seconds for five refusals. The real binary runs in
+test_one_cell_times_tracing_then_steady_calls (make test-slow).
 """
 
 import json
@@ -21,17 +21,6 @@ from tests import binaries
 _FORMAT = ("import json, sys\n"
            "from research import tracing_time\n"
            "print(tracing_time.format_table(json.load(sys.stdin)))\n")
-
-
-# (flag, what its one error line shows); test_flag_help.py runs them.
-BAD_FLAGS = [
-    ("--model=vgg", "--model='vgg' is invalid"),
-    ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
-    ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
-    ("--loops=unrolled,scan", "--loops='unrolled,scan' is invalid"),
-    ("--graph_optimizations=none", "--graph_optimizations='none' is "
-     "invalid"),
-]
 
 
 @pytest.mark.slow
