@@ -1,23 +1,25 @@
-"""Every flag of every binary explains itself in its --help.
+"""Every flag of every binary explains itself in its --help, and a
+binary given a positional argument says so in one line.
 
 A flag's help says what it does, its unit and what it accepts; a Config
 field's flag (train/flags_lib.py) takes its help from the text stored beside
 the field in train/config.py, so the two cannot drift. The binaries define
 flags with the same names (--preset, --num_modules, ...), so one process
-imports each binary in turn, forgetting the flags of the previous one, and
-reports {module: {flag: help}}.
+(tests.refusals.run_each_with_helps) imports each binary in turn,
+forgetting the flags of the previous one, and reports {module: {flag:
+help}}; the same process runs the refusals of a stray positional
+argument and research.tracing_time's bad flags, each of which would
+otherwise cost a process of its own.
 """
 
 import ast
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 
 from absl import flags as absl_flags
 import pytest
 
+from tests import refusals
 from tests.binaries import ROOT
 from tools import gen_build
 from train import config as config_lib
@@ -39,41 +41,6 @@ def binaries():
         if gen_build.has_main_block(ast.parse(f.read())):
           found.append(f"{folder}.{name[:-3]}")
   return found
-
-
-def collect(modules):
-  """{binary: {defining module: {flag: help}}}, importing each in turn.
-
-  Runs in a process of its own: it deletes the project's flags from
-  absl's FLAGS and forgets the modules that defined them after each binary,
-  so that the next binary can define flags of the same names.
-  """
-  import importlib  # pylint: disable=g-import-not-at-top
-  ours = ("train.", "research.")
-  found = {}
-  for module in modules:
-    importlib.import_module(module)
-    by_module = {
-        name: {flag.name: flag.help for flag in defined}
-        for name, defined in absl_flags.FLAGS.flags_by_module_dict().items()
-        if name.startswith(ours)}
-    found[module] = by_module
-    for name, helps in by_module.items():
-      for flag in helps:
-        if flag in absl_flags.FLAGS:
-          delattr(absl_flags.FLAGS, flag)
-    for name in set(by_module) | {module}:
-      _forget(name)
-  return found
-
-
-def _forget(name):
-  """Drops module `name`, so that the next import runs it (and its DEFINEs)
-  again; `from package import name` would find it on the package too."""
-  sys.modules.pop(name, None)
-  package, _, child = name.rpartition(".")
-  if package in sys.modules and hasattr(sys.modules[package], child):
-    delattr(sys.modules[package], child)
 
 
 def problems(helps, config_helps):
@@ -111,18 +78,49 @@ def _config_helps():
           for field in config_lib.flat_fields()}
 
 
+# The binaries whose stray positional argument is run (each one refuses it
+# in its own main, through the shared error boundary).
+POSITIONAL_BINARIES = ["train.train", "train.evaluate", "train.export",
+                       "train.worker", "research.compare",
+                       "research.benchmark"]
+
+
+# research.tracing_time's bad flags (flag, what its one error line shows);
+# the binary's real run is test_tracing_time.py's (make test-slow).
+TRACING_TIME_BAD_FLAGS = [
+    ("--model=vgg", "--model='vgg' is invalid"),
+    ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
+    ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
+    ("--loops=unrolled,scan", "--loops='unrolled,scan' is invalid"),
+    ("--graph_optimizations=none", "--graph_optimizations='none' is "
+     "invalid"),
+]
+
+
 @pytest.fixture(scope="module")
-def collected():
-  """{binary: {defining module: {flag: help}}} of every binary."""
-  code = ("import json, sys\n"
-          "from tests import test_flag_help as t\n"
-          "print('RESULT ' + json.dumps(t.collect(sys.argv[1:])))\n")
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, "-c", code, *binaries()], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-  return json.loads(line[len("RESULT "):])
+def every_binary(tmp_path_factory):
+  """(helps, positional, root, tracing_time): {binary: {defining module:
+  {flag: help}}} of every binary; {binary: result} of `BINARY stray` for
+  each of POSITIONAL_BINARIES (train.train given --model_dir=ROOT/BINARY/run
+  too); and {flag: result} of research.tracing_time given each flag of
+  TRACING_TIME_BAD_FLAGS; all from one child process."""
+  root = tmp_path_factory.mktemp("positional")
+  command_lines = {binary: [] for binary in binaries()}
+  for binary in POSITIONAL_BINARIES:
+    command_lines[binary] = [
+        ["stray", f"--model_dir={root / binary / 'run'}"] if (
+            binary == "train.train") else ["stray"]]
+  bad_flags = [flag for flag, _ in TRACING_TIME_BAD_FLAGS]
+  command_lines["research.tracing_time"] = [[flag] for flag in bad_flags]
+  results, helps = refusals.run_each_with_helps(command_lines)
+  positional = {binary: results[binary][0] for binary in POSITIONAL_BINARIES}
+  tracing_time = dict(zip(bad_flags, results["research.tracing_time"]))
+  return helps, positional, root, tracing_time
+
+
+@pytest.fixture
+def collected(every_binary):
+  return every_binary[0]
 
 
 def test_every_binary_is_found():
@@ -151,6 +149,30 @@ def test_config_flags_carry_the_stored_help(collected):
   config_helps = _config_helps()
   assert {name: flag_helps[name] for name in config_helps} == config_helps
   assert len(flag_helps["preset"]) >= MIN_HELP_CHARS
+
+
+@pytest.mark.parametrize("binary", POSITIONAL_BINARIES)
+def test_a_positional_argument_is_one_line_not_the_usage_text(
+    binary, every_binary):
+  # `python -m train.train foo`: absl's UsageError would print the whole
+  # usage text; the boundary says it in one line, before anything runs.
+  _, positional, root, _ = every_binary
+  result = positional[binary]
+  assert result["code"] == 1
+  lines = result["stderr"].strip().splitlines()
+  assert len(lines) == 1, result["stderr"]
+  assert lines[0].startswith("error: Unexpected arguments: ['stray']"), lines
+  assert lines[0].endswith("Received: arguments=['stray']"), lines
+  assert not (root / binary / "run").exists()
+
+
+@pytest.mark.parametrize("flag,shown", TRACING_TIME_BAD_FLAGS)
+def test_tracing_time_bad_flags_fail_in_one_line(every_binary, flag, shown):
+  result = every_binary[3][flag]
+  assert result["code"] == 1
+  lines = result["stderr"].strip().splitlines()
+  assert len(lines) == 1 and shown in lines[0], result["stderr"]
+  assert "Received:" in lines[0]
 
 
 def test_a_planted_bad_help_is_caught():

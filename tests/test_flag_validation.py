@@ -15,7 +15,6 @@ import tensorflow as tf
 
 from layers import common
 from layers.interlock_module import InterlockModule
-from tests import refusals
 from tests.binaries import ROOT
 from tf_interlock.data import images
 from tf_interlock.data import text
@@ -229,24 +228,6 @@ def test_bad_flags_fail_in_one_line_and_write_nothing(bad_flag_runs, capsys):
     _check(flags_given, words, proc.returncode, err, model_dir)
     if _default_logging(flags_given):
       assert len(err.strip().splitlines()) == 1, (flags_given, err)
-
-
-@pytest.mark.parametrize("binary", [
-    "train.train", "train.evaluate", "train.export", "train.worker",
-    "research.compare", "research.benchmark"])
-def test_a_positional_argument_is_one_line_not_the_usage_text(binary,
-                                                               tmp_path):
-  # `python -m train.train foo`: absl's UsageError would print the whole
-  # usage text; the boundary says it in one line, before anything runs.
-  flags_given = ["stray", f"--model_dir={tmp_path / 'run'}"] if (
-      binary.startswith("train.t")) else ["stray"]
-  [result] = refusals.run(binary, [flags_given])
-  assert result["code"] == 1
-  lines = result["stderr"].strip().splitlines()
-  assert len(lines) == 1, result["stderr"]
-  assert lines[0].startswith("error: Unexpected arguments: ['stray']"), lines
-  assert lines[0].endswith("Received: arguments=['stray']"), lines
-  assert not (tmp_path / "run").exists()
 
 
 def _config(**fields):

@@ -1,4 +1,11 @@
-"""research.tracing_time: one-line errors for bad flags, and a real cell."""
+"""research.tracing_time: one-line errors for bad flags, and a real cell.
+
+Its bad flags (TRACING_TIME_BAD_FLAGS) are refused in test_flag_help.py,
+in the child process that imports every binary anyway
+(tests.refusals.run_each_with_helps): a process of their own would cost a
+TensorFlow import of seconds for five refusals. The real binary runs in
+test_one_cell_times_tracing_then_steady_calls (make test-slow).
+"""
 
 import json
 import subprocess
@@ -7,7 +14,6 @@ import sys
 import pytest
 
 from tests import binaries
-from tests import refusals
 
 # research.tracing_time defines absl flags (--model, ...) that
 # train.flags_lib defines too, so it is never imported into the test
@@ -15,34 +21,6 @@ from tests import refusals
 _FORMAT = ("import json, sys\n"
            "from research import tracing_time\n"
            "print(tracing_time.format_table(json.load(sys.stdin)))\n")
-
-
-BAD_FLAGS = [
-    ("--model=vgg", "--model='vgg' is invalid"),
-    ("--steps_per_loop=1,x", "--steps_per_loop='1,x' is invalid"),
-    ("--strategies=2wise,nowise", "--strategies='nowise' is invalid"),
-    ("--loops=unrolled,scan", "--loops='unrolled,scan' is invalid"),
-    ("--graph_optimizations=none", "--graph_optimizations='none' is "
-     "invalid"),
-]
-
-
-@pytest.fixture(scope="module")
-def refused():
-  """{flag: result}: every bad flag through the binary's main, in one
-  process (tests.refusals)."""
-  results = refusals.run("research.tracing_time",
-                         [[flag] for flag, _ in BAD_FLAGS])
-  return {flag: result for (flag, _), result in zip(BAD_FLAGS, results)}
-
-
-@pytest.mark.parametrize("flag,shown", BAD_FLAGS)
-def test_bad_flags_fail_in_one_line(refused, flag, shown):
-  result = refused[flag]
-  assert result["code"] == 1
-  lines = result["stderr"].strip().splitlines()
-  assert len(lines) == 1 and shown in lines[0], result["stderr"]
-  assert "Received:" in lines[0]
 
 
 @pytest.mark.slow
