@@ -18,7 +18,7 @@ from absl import flags as absl_flags
 import pytest
 import tensorflow as tf
 
-from tests.binaries import ROOT, run_binary, tree_digest
+from tests.binaries import ROOT, tree_digest
 from tf_interlock import export_dir as export_dir_lib
 from train import run_lock
 from train import config as config_lib
@@ -67,13 +67,12 @@ def _one_error(err, *words):
   return lines[0]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A K = 4, 10-step run (ckpt-10 and an export) that tests copy."""
-  model_dir = str(tmp_path_factory.mktemp("trained") / "run")
-  run_binary("train.train", *TT, f"--model_dir={model_dir}",
-             "--train_steps=10")
-  return model_dir
+@pytest.fixture
+def trained(synthetic_run):
+  """A K = 4, 10-step run (ckpt-10 and an export) that tests copy:
+  conftest.py's synthetic_run, trained once per process and shared with the
+  other files that need one (it ran with --steps_per_loop=5, TT's 10)."""
+  return synthetic_run
 
 
 def _copy(trained, tmp_path, name="run"):

@@ -5,9 +5,15 @@ checkpoints, broken exports, truncated data, and the data-safety refusals
 A refusal case builds a directory tree, runs one binary that must refuse,
 and checks: exit code 1, exactly one "error:" line holding the expected
 words (the flag or file at fault), no traceback, and every file of the tree
-byte for byte unchanged (nothing added, nothing removed)."""
+byte for byte unchanged (nothing added, nothing removed).
+
+A fault that is not about the process itself (a NaN, a corrupt checkpoint,
+a broken export, truncated data) runs through the binary's own main and
+error boundary in this process (`_main`): the same lines and exit codes,
+without seconds of process start; signals and kills need real processes."""
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -17,12 +23,12 @@ import subprocess
 import sys
 import time
 
+from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import hold
-from tests import refusals
 from tests.binaries import ROOT, run_binary, tree_digest
 from train import config as config_lib
 from train import flags_lib
@@ -72,6 +78,23 @@ def _start(module, *flags):
   return subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT,
                           env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
+
+
+def _main(binary, flags_given, capfd):
+  """(exit code, stdout, stderr) of `binary`'s main (train.train or
+  train.evaluate), flags parsed as absl does, in this process: its error
+  boundary is the binary's; only the process start is skipped."""
+  module = importlib.import_module(binary)
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS([binary, *flags_given])
+  capfd.readouterr()
+  code = 0
+  try:
+    module.main([binary])
+  except SystemExit as e:
+    code = e.code
+  out = capfd.readouterr()
+  return code, out.out, out.err
 
 
 @pytest.mark.slow
@@ -129,21 +152,18 @@ REFUSED = {name[len("_case_"):]: fn for name, fn in globals().items()
            if name.startswith("_case_")}
 
 
-@pytest.fixture(scope="module")
-def refused(synthetic_run, tmp_path_factory):
-  """{case: (its train.train result {"code", "stderr"}, what its _case_
-  function returned)}: the refusals of REFUSED through train.train's main
-  and error boundary, all in one process (tests.refusals)."""
-  cases = {name: setup(synthetic_run, tmp_path_factory.mktemp(name))
-           for name, setup in REFUSED.items()}
-  results = refusals.run("train.train", [flags for flags, _ in
-                                         cases.values()])
-  return {name: (result, kept) for (name, (_, kept)), result in zip(
-      cases.items(), results)}
+def _refused(name, trained, tmp_path, capfd):
+  """(train.train's {"code", "stderr"}, what the _case_ function returned)
+  for the refusal `name` of REFUSED, through train.train's main and error
+  boundary in this process (`_main`)."""
+  flags, kept = REFUSED[name](trained, tmp_path)
+  code, _, err = _main("train.train", flags, capfd)
+  return {"code": code, "stderr": err}, kept
 
 
-def test_other_architecture_in_model_dir_is_refused(refused):
-  result, (model_dir, before) = refused["other_architecture"]
+def test_other_architecture_in_model_dir_is_refused(trained, tmp_path, capfd):
+  result, (model_dir, before) = _refused("other_architecture", trained,
+                                         tmp_path, capfd)
   assert result["code"] != 0
   assert "mlp_width=256" in result["stderr"]
   assert "mlp_width=64" in result["stderr"]
@@ -211,27 +231,29 @@ def test_sigterm_and_sigint_save_a_checkpoint(tmp_path):
     assert not os.path.exists(os.path.join(model_dir, "lock.json"))
 
 
-def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path):
+def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path, capfd):
   model_dir = _copy(trained, tmp_path)
   good = _final_weights(model_dir)
-  proc = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-                    "--train_steps=30", "--learning_rate=1e30", check=False)
-  assert proc.returncode != 0
-  assert "non-finite" in proc.stderr and "module_" in proc.stderr
-  assert "at steps 1" in proc.stderr  # steps 11..15 or later
+  code, _, err = _main("train.train", [
+      *SYNTH, f"--model_dir={model_dir}", "--train_steps=30",
+      "--learning_rate=1e30"], capfd)
+  assert code != 0
+  assert "non-finite" in err and "module_" in err
+  assert "at steps 1" in err  # steps 11..15 or later
   latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
   assert latest.endswith("ckpt-10")
   for name, value in _final_weights(model_dir).items():
     np.testing.assert_array_equal(value, good[name])
-  skip = run_binary("train.train", *SYNTH, f"--model_dir={model_dir}",
-                    "--train_steps=30", "--learning_rate=1e30",
-                    "--on_nan=skip", check=False)
-  assert skip.stdout.count("skipped: rolled back to") == 3
-  assert skip.returncode != 0 and "non-finite" in skip.stderr
+  code, out, err = _main("train.train", [
+      *SYNTH, f"--model_dir={model_dir}", "--train_steps=30",
+      "--learning_rate=1e30", "--on_nan=skip"], capfd)
+  assert out.count("skipped: rolled back to") == 3
+  assert code != 0 and "non-finite" in err
 
 
-def test_corrupt_checkpoint_is_reported_and_kept(refused):
-  result, (ckpt_dir, snapshot) = refused["corrupt_checkpoint"]
+def test_corrupt_checkpoint_is_reported_and_kept(trained, tmp_path, capfd):
+  result, (ckpt_dir, snapshot) = _refused("corrupt_checkpoint", trained,
+                                          tmp_path, capfd)
   assert result["code"] != 0
   err = result["stderr"]
   assert "cannot restore checkpoint" in err and "ckpt-10" in err
@@ -240,19 +262,19 @@ def test_corrupt_checkpoint_is_reported_and_kept(refused):
           for f in os.listdir(ckpt_dir)} == snapshot
 
 
-def test_broken_export_is_reported(trained, tmp_path):
+def test_broken_export_is_reported(trained, tmp_path, capfd):
   broken = tmp_path / "broken"
   shutil.copytree(os.path.join(trained, "export"), broken)
   shutil.rmtree(broken / "variables")
-  proc = run_binary("train.evaluate", f"--saved_model={broken}",
-                    "--preset=synthetic_mlp", check=False)
-  assert proc.returncode != 0
-  last = proc.stderr.strip().splitlines()[-1]
+  code, _, err = _main("train.evaluate", [f"--saved_model={broken}",
+                                          "--preset=synthetic_mlp"], capfd)
+  assert code != 0
+  last = err.strip().splitlines()[-1]
   assert "variables" in last and str(broken) in last
 
 
-def test_truncated_data_file_is_reported(refused):
-  result, tmp_path = refused["truncated_data"]
+def test_truncated_data_file_is_reported(trained, tmp_path, capfd):
+  result, _ = _refused("truncated_data", trained, tmp_path, capfd)
   assert result["code"] != 0
   last = result["stderr"].strip().splitlines()[-1]
   assert "train-labels-idx1-ubyte" in last

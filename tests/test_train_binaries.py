@@ -2,10 +2,12 @@
 evaluate, and the TensorBoard event files they leave behind."""
 
 import glob
+import importlib
 import json
 import os
 import shutil
 
+from absl import flags as absl_flags
 import tensorflow as tf
 
 from tests.binaries import run_binary
@@ -22,9 +24,28 @@ def scalars(event_dir):
   return found
 
 
-def test_train_resume_export_evaluate(synthetic_run, tmp_path):
+def _main(binary, flags_given, capfd):
+  """(exit code, stdout, stderr) of `binary`'s main, flags parsed as absl
+  does, in this process (the binary's error boundary, no process start)."""
+  module = importlib.import_module(binary)
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS([binary, *flags_given])
+  capfd.readouterr()
+  code = 0
+  try:
+    module.main([binary])
+  except SystemExit as e:
+    code = e.code
+  out = capfd.readouterr()
+  return code, out.out, out.err
+
+
+def test_train_resume_export_evaluate(synthetic_run, tmp_path, capfd):
   # The first run, `--train_steps=10` with the flags of `common`, is
-  # conftest.py's synthetic_run (trained once per process), copied.
+  # conftest.py's synthetic_run (trained once per process), copied: the
+  # real train.train process. The resume and the second evaluation run
+  # through their binaries' main in this process; train.export and the
+  # first evaluation are real processes (a process start each is seconds).
   model_dir = str(tmp_path / "run")
   shutil.copytree(synthetic_run, model_dir)
   common = ["--preset=synthetic_mlp", f"--model_dir={model_dir}",
@@ -35,10 +56,12 @@ def test_train_resume_export_evaluate(synthetic_run, tmp_path):
   # The export was moved into place: no temporary sibling is left.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoints", "config.json", "eval", "export", "run.json", "train"]
-  second = run_binary("train.train", *common, "--train_steps=20")
-  assert "resumed from" in second.stdout and "at step 10" in second.stdout
-  assert "step 15/20" in second.stdout and "step 5/20" not in second.stdout
-  summary = json.loads(second.stdout.strip().splitlines()[-1])
+  code, second, err = _main("train.train", [*common, "--train_steps=20"],
+                            capfd)
+  assert code == 0, err
+  assert "resumed from" in second and "at step 10" in second
+  assert "step 15/20" in second and "step 5/20" not in second
+  summary = json.loads(second.strip().splitlines()[-1])
   assert summary["step"] == 20
   # Heads are named as the training metrics: module_4 is the network.
   assert summary["eval"]["module_4"]["accuracy"] > 0.5  # 10 classes: 0.1
@@ -59,9 +82,12 @@ def test_train_resume_export_evaluate(synthetic_run, tmp_path):
              f"--export_dir={export_dir}")
   # The run's configuration comes from config.json or the export's marker:
   # no --preset.
-  for flags in ([f"--saved_model={export_dir}"], [f"--model_dir={model_dir}"]):
-    evaluated = run_binary("train.evaluate", *flags)
-    result = json.loads(evaluated.stdout.strip().splitlines()[-1])
+  evaluated = run_binary("train.evaluate", f"--saved_model={export_dir}")
+  code, in_process, err = _main("train.evaluate",
+                                [f"--model_dir={model_dir}"], capfd)
+  assert code == 0, err
+  for stdout in (evaluated.stdout, in_process):
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert set(result) == {"module_1", "module_2", "module_3", "module_4"}
     for head, metrics in result.items():
       assert abs(metrics["accuracy"] - summary["eval"][head]["accuracy"]) < (

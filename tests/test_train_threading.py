@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 
+from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -67,14 +68,32 @@ def _weights(model_dir):
           if "VARIABLE_VALUE" in n and not n.startswith("save_counter")}
 
 
-def test_two_modules_per_device_train_the_same_weights(tmp_path):
-  summaries = {}
-  for name, extra in (("one_each", []),
-                      ("shared", ["--threads_per_device=2",
-                                  "--modules_per_device=2"])):
-    proc = binaries.run_binary("train.train", *FLAGS, *extra,
-                               f"--model_dir={tmp_path / name}")
-    summaries[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+def _main_in_process(flags_given, capfd):
+  """train.train's stdout, through its main and error boundary in this
+  process (flags parsed as absl does)."""
+  from train import train  # pylint: disable=g-import-not-at-top
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS(["train.train", *flags_given])
+  capfd.readouterr()
+  try:
+    train.main(["train.train"])
+  except SystemExit as e:
+    assert not e.code, capfd.readouterr().err
+  return capfd.readouterr().out
+
+
+def test_two_modules_per_device_train_the_same_weights(tmp_path, capfd):
+  # The default plan, one device of one thread per module, fits the four
+  # logical devices of this process (conftest.py): it runs here, through
+  # the binary's main. Two threads per op need a process of their own (the
+  # thread pools are fixed when TF starts): the real binary.
+  out = {"one_each": _main_in_process(
+      [*FLAGS, f"--model_dir={tmp_path / 'one_each'}"], capfd)}
+  out["shared"] = binaries.run_binary(
+      "train.train", *FLAGS, "--threads_per_device=2",
+      "--modules_per_device=2", f"--model_dir={tmp_path / 'shared'}").stdout
+  summaries = {name: json.loads(text.strip().splitlines()[-1])
+               for name, text in out.items()}
   assert summaries["one_each"]["threading"] == "4 devices x 1 thread"
   assert summaries["shared"]["threading"] == (
       "2 devices x 2 threads, 2 modules each")
