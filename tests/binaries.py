@@ -1,14 +1,33 @@
 """Runs the project's binaries in subprocesses, as a user would."""
 
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
 import time
 
 import pytest
+from absl import flags as absl_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(binary, flags_given, capfd):
+  """(exit code, stdout, stderr) of `binary`'s main in this process, its
+  flags parsed as absl does: the binary's error boundary and all, less the
+  seconds of a process start. `capfd` is pytest's fixture."""
+  module = importlib.import_module(binary)
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS([binary, *flags_given])
+  capfd.readouterr()
+  code = 0
+  try:
+    module.main([binary])
+  except SystemExit as e:
+    code = e.code
+  out = capfd.readouterr()
+  return code, out.out, out.err
 
 
 def run_binary(module, *flags, check=True):

@@ -14,11 +14,10 @@ import shutil
 import subprocess
 import sys
 
-from absl import flags as absl_flags
 import pytest
 import tensorflow as tf
 
-from tests.binaries import ROOT, tree_digest
+from tests.binaries import ROOT, run_main, tree_digest
 from tf_interlock import export_dir as export_dir_lib
 from train import run_lock
 from train import config as config_lib
@@ -31,19 +30,8 @@ TT = ["--preset=synthetic_mlp", "--steps_per_loop=10",
 
 
 def _main(flags_given, capfd):
-  """(exit code, stdout, stderr) of train.train's main, flags parsed as
-  absl does."""
-  from train import train  # pylint: disable=g-import-not-at-top
-  absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS(["train.train", *TT, *flags_given])
-  capfd.readouterr()
-  code = 0
-  try:
-    train.main(["train.train"])
-  except SystemExit as e:
-    code = e.code
-  out = capfd.readouterr()
-  return code, out.out, out.err
+  """(exit code, stdout, stderr) of train.train's main on TT + flags."""
+  return run_main("train.train", [*TT, *flags_given], capfd)
 
 
 def _guarded(fn, capfd):

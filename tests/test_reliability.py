@@ -9,11 +9,10 @@ byte for byte unchanged (nothing added, nothing removed).
 
 A fault that is not about the process itself (a NaN, a corrupt checkpoint,
 a broken export, truncated data) runs through the binary's own main and
-error boundary in this process (`_main`): the same lines and exit codes,
-without seconds of process start; signals and kills need real processes."""
+error boundary in this process (`tests.binaries.run_main`): the same
+lines and exit codes, without seconds of process start; signals and kills need real processes."""
 
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -23,13 +22,12 @@ import subprocess
 import sys
 import time
 
-from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import hold
-from tests.binaries import ROOT, run_binary, tree_digest
+from tests.binaries import ROOT, run_binary, run_main, tree_digest
 from train import config as config_lib
 from train import flags_lib
 
@@ -78,23 +76,6 @@ def _start(module, *flags):
   return subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT,
                           env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
-
-
-def _main(binary, flags_given, capfd):
-  """(exit code, stdout, stderr) of `binary`'s main (train.train or
-  train.evaluate), flags parsed as absl does, in this process: its error
-  boundary is the binary's; only the process start is skipped."""
-  module = importlib.import_module(binary)
-  absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS([binary, *flags_given])
-  capfd.readouterr()
-  code = 0
-  try:
-    module.main([binary])
-  except SystemExit as e:
-    code = e.code
-  out = capfd.readouterr()
-  return code, out.out, out.err
 
 
 @pytest.mark.slow
@@ -155,9 +136,9 @@ REFUSED = {name[len("_case_"):]: fn for name, fn in globals().items()
 def _refused(name, trained, tmp_path, capfd):
   """(train.train's {"code", "stderr"}, what the _case_ function returned)
   for the refusal `name` of REFUSED, through train.train's main and error
-  boundary in this process (`_main`)."""
+  boundary in this process (`tests.binaries.run_main`)."""
   flags, kept = REFUSED[name](trained, tmp_path)
-  code, _, err = _main("train.train", flags, capfd)
+  code, _, err = run_main("train.train", flags, capfd)
   return {"code": code, "stderr": err}, kept
 
 
@@ -234,7 +215,7 @@ def test_sigterm_and_sigint_save_a_checkpoint(tmp_path):
 def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path, capfd):
   model_dir = _copy(trained, tmp_path)
   good = _final_weights(model_dir)
-  code, _, err = _main("train.train", [
+  code, _, err = run_main("train.train", [
       *SYNTH, f"--model_dir={model_dir}", "--train_steps=30",
       "--learning_rate=1e30"], capfd)
   assert code != 0
@@ -244,7 +225,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(trained, tmp_path, capfd):
   assert latest.endswith("ckpt-10")
   for name, value in _final_weights(model_dir).items():
     np.testing.assert_array_equal(value, good[name])
-  code, out, err = _main("train.train", [
+  code, out, err = run_main("train.train", [
       *SYNTH, f"--model_dir={model_dir}", "--train_steps=30",
       "--learning_rate=1e30", "--on_nan=skip"], capfd)
   assert out.count("skipped: rolled back to") == 3
@@ -266,8 +247,8 @@ def test_broken_export_is_reported(trained, tmp_path, capfd):
   broken = tmp_path / "broken"
   shutil.copytree(os.path.join(trained, "export"), broken)
   shutil.rmtree(broken / "variables")
-  code, _, err = _main("train.evaluate", [f"--saved_model={broken}",
-                                          "--preset=synthetic_mlp"], capfd)
+  code, _, err = run_main("train.evaluate", [f"--saved_model={broken}",
+                                             "--preset=synthetic_mlp"], capfd)
   assert code != 0
   last = err.strip().splitlines()[-1]
   assert "variables" in last and str(broken) in last

@@ -2,15 +2,13 @@
 evaluate, and the TensorBoard event files they leave behind."""
 
 import glob
-import importlib
 import json
 import os
 import shutil
 
-from absl import flags as absl_flags
 import tensorflow as tf
 
-from tests.binaries import run_binary
+from tests.binaries import run_binary, run_main
 
 
 def scalars(event_dir):
@@ -22,22 +20,6 @@ def scalars(event_dir):
         number = float(tf.make_ndarray(value.tensor))
         found.setdefault(value.tag, {})[event.step] = number
   return found
-
-
-def _main(binary, flags_given, capfd):
-  """(exit code, stdout, stderr) of `binary`'s main, flags parsed as absl
-  does, in this process (the binary's error boundary, no process start)."""
-  module = importlib.import_module(binary)
-  absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS([binary, *flags_given])
-  capfd.readouterr()
-  code = 0
-  try:
-    module.main([binary])
-  except SystemExit as e:
-    code = e.code
-  out = capfd.readouterr()
-  return code, out.out, out.err
 
 
 def test_train_resume_export_evaluate(synthetic_run, tmp_path, capfd):
@@ -56,8 +38,8 @@ def test_train_resume_export_evaluate(synthetic_run, tmp_path, capfd):
   # The export was moved into place: no temporary sibling is left.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoints", "config.json", "eval", "export", "run.json", "train"]
-  code, second, err = _main("train.train", [*common, "--train_steps=20"],
-                            capfd)
+  code, second, err = run_main("train.train", [*common, "--train_steps=20"],
+                               capfd)
   assert code == 0, err
   assert "resumed from" in second and "at step 10" in second
   assert "step 15/20" in second and "step 5/20" not in second
@@ -83,8 +65,8 @@ def test_train_resume_export_evaluate(synthetic_run, tmp_path, capfd):
   # The run's configuration comes from config.json or the export's marker:
   # no --preset.
   evaluated = run_binary("train.evaluate", f"--saved_model={export_dir}")
-  code, in_process, err = _main("train.evaluate",
-                                [f"--model_dir={model_dir}"], capfd)
+  code, in_process, err = run_main("train.evaluate",
+                                   [f"--model_dir={model_dir}"], capfd)
   assert code == 0, err
   for stdout in (evaluated.stdout, in_process):
     result = json.loads(stdout.strip().splitlines()[-1])

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 
-from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -69,17 +68,10 @@ def _weights(model_dir):
 
 
 def _main_in_process(flags_given, capfd):
-  """train.train's stdout, through its main and error boundary in this
-  process (flags parsed as absl does)."""
-  from train import train  # pylint: disable=g-import-not-at-top
-  absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS(["train.train", *flags_given])
-  capfd.readouterr()
-  try:
-    train.main(["train.train"])
-  except SystemExit as e:
-    assert not e.code, capfd.readouterr().err
-  return capfd.readouterr().out
+  """train.train's stdout, through its main in this process."""
+  code, out, err = binaries.run_main("train.train", flags_given, capfd)
+  assert not code, err
+  return out
 
 
 def test_two_modules_per_device_train_the_same_weights(tmp_path, capfd):
