@@ -16,40 +16,45 @@ pytest's order.
 
 import os
 
-# CPU seconds of make test's tests per file (user + sys, subprocesses
-# included, less the 4 s of a pytest process's start-up; one file at a
-# time, -n 0, on a loaded 2-core host: good for ranking only). A file not
-# named here counts DEFAULT_S. Rank again after a file gains a binary run:
-# `/usr/bin/time -v pytest -n 0 tests/test_x.py`.
+# Seconds of make test's tests per file: pytest's --durations (setup, call
+# and teardown) summed per file, from one quiet `make test` run here (Dec 3,
+# -n 2, 221 s in all). A session fixture (conftest's synthetic_run) counts
+# in the first file of a worker that uses it. A file not named here counts
+# DEFAULT_S. Rank again after a file gains or loses a binary run:
+# `pytest -n 2 --dist loadfile --durations=0 --durations-min=0.3`.
 COSTS_S = {
-    "test_module_functions.py": 68,
-    "test_xla.py": 42,
-    "test_keras_model.py": 42,
-    "test_readme.py": 40,
-    "test_user_study.py": 37,
-    "test_checkpoint_safety.py": 36,
-    "test_train_binaries.py": 35,
-    "test_reliability.py": 35,
-    "test_hostile_inputs.py": 28,
-    "test_keras_user_models.py": 26,
-    "test_trainer_distributed.py": 21,
-    "test_benchmark.py": 20,
-    "test_flag_validation.py": 19,
-    "test_train_threading.py": 17,
-    "test_keras_habits.py": 16,
-    "test_export.py": 16,
-    "test_engine_equivalence.py": 12,
-    "test_trainer_checks.py": 11,
-    "test_resnet.py": 11,
-    "test_callbacks.py": 11,
+    "test_readme.py": 35,
+    "test_user_study.py": 29,
+    "test_checkpoint_safety.py": 28,
+    "test_xla.py": 26,
+    "test_keras_model.py": 24,
+    "test_module_functions.py": 20,
+    "test_step_loop.py": 18,
+    "test_keras_user_models.py": 18,
+    "test_benchmark.py": 14,
+    "test_trainer_distributed.py": 13,
+    "test_export.py": 13,
+    "test_train_binaries.py": 11,
+    "test_flag_validation.py": 11,
+    "test_keras_habits.py": 10,
+    "test_hostile_inputs.py": 10,
     "test_build_file.py": 10,
-    "test_ram_filesystem.py": 8,
-    "test_mixed_float16.py": 8,
-    "test_microbatch_embedding.py": 8,
-    "test_evaluation.py": 8,
-    "test_data_text.py": 8,
+    "test_train_threading.py": 9,
+    "test_reliability.py": 9,
+    "test_engine_equivalence.py": 6,
+    "test_collapse_probe.py": 6,
+    "test_callbacks.py": 6,
+    "test_trainer_checks.py": 5,
+    "test_resnet.py": 5,
+    "test_ram_filesystem.py": 5,
+    "test_microbatch_embedding.py": 5,
+    "test_mixed_float16.py": 4,
+    "test_flag_help.py": 4,
+    "test_evaluation.py": 4,
+    "test_data_text.py": 4,
+    "test_custom_placement.py": 4,
 }
-DEFAULT_S = 5
+DEFAULT_S = 2
 
 
 def cost_s(path):
