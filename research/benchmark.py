@@ -355,8 +355,7 @@ def main_report():
 
 @error_boundary.guard()
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv  # flags only (error_boundary refuses positional arguments)
   try:
     validate()
     if _ROLE.value == "baseline":

@@ -139,8 +139,6 @@ def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):
 
 @error_boundary.guard()
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _OUT_DIR.value:
     raise app.UsageError("--out_dir is required")
   # This process only reads event files: keep it off the runs' GPUs.

@@ -220,8 +220,6 @@ def validate():
 
 @error_boundary.guard()
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   validate()
   devices = placement.configure_simulated_devices(
       _DEVICES.value, intra_op_threads=_INTRA.value)

@@ -295,8 +295,7 @@ def repredict(folder):
 
 @error_boundary.guard()
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv  # flags only (error_boundary refuses positional arguments)
   validate()
   os.makedirs(_OUT_DIR.value, exist_ok=True)
   if _REPREDICT.value:

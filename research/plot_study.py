@@ -15,6 +15,7 @@ regenerated without training anything:
 import io
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -104,7 +105,10 @@ def draw(summaries):
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:  # one line, not absl's usage text; no TF import here
+    sys.exit(f"error: Unexpected arguments: {argv[1:]}: this binary takes "
+             f"no positional arguments, only --name=value flags (see "
+             f"--helpshort). Received: arguments={argv[1:]!r}")
   summaries = [load_study(folder) for folder in _STUDIES.value]
   png = draw(summaries)
   with open(_PNG_OUT.value, "wb") as f:

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from research import benchmark_lib  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
+from train import error_boundary  # noqa: E402
 
 _ROLE = flags.DEFINE_string(
     "role", "main", "main (runs the children), strategies or keras (one "
@@ -136,8 +137,9 @@ def format_table(report):
   return "\n".join(lines)
 
 
+@error_boundary.guard()
 def main(argv):
-  del argv
+  del argv  # flags only (error_boundary refuses positional arguments)
   if _ROLE.value != "main":
     print(json.dumps(child_report()))
     return

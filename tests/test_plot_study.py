@@ -31,3 +31,12 @@ def test_a_folder_without_results_is_one_line(tmp_path):
   with pytest.raises(ValueError, match=r"cannot read a study's results from "
                      r".*results\.json .*Received: studies="):
     plot_study.load_study(str(tmp_path))
+
+
+def test_a_positional_argument_is_one_line():
+  with pytest.raises(SystemExit) as e:
+    plot_study.main(["research.plot_study", "stray"])
+  assert e.value.code == (
+      "error: Unexpected arguments: ['stray']: this binary takes no "
+      "positional arguments, only --name=value flags (see --helpshort). "
+      "Received: arguments=['stray']")

@@ -188,11 +188,13 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
       if main.__module__ == "__main__":
         stop_watchdog.start(interrupted)
       try:
+        if len(argv) > 1:  # before main: a stray word must not start a run
+          _fail(f"Unexpected arguments: {argv[1:]}: this binary takes no "
+                f"positional arguments, only --name=value flags (see "
+                f"--helpshort). Received: arguments={argv[1:]!r}")
         return main(argv)
       except app.UsageError as e:  # absl would print its whole usage text
-        _fail(f"{e}: this binary takes no positional arguments, only "
-              f"--name=value flags (see --helpshort). Received: "
-              f"arguments={argv[1:]!r}")
+        _fail(str(e))
       except KeyboardInterrupt:
         _fail(f"interrupted (SIGINT); {interrupted}", _STOPPED)
       except Terminated as e:

@@ -46,8 +46,7 @@ def _given_fields():
 
 @error_boundary.guard()
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv  # flags only (error_boundary refuses positional arguments)
   flag_config, given = flags_lib.config_from_flags(), _given_fields()
   config, saved_model = run_io.evaluation_config(
       _SAVED_MODEL.value,

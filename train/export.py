@@ -32,8 +32,7 @@ _CHECKPOINT = flags.DEFINE_string(
 @error_boundary.guard(interrupted="the previous export, if any, is intact "
                       "and the unfinished one was removed")
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv  # flags only (error_boundary refuses positional arguments)
   if not _MODEL_DIR.value:
     raise ValueError("--model_dir is required. Received: model_dir=None")
   print(run_io.export_run(_MODEL_DIR.value, _EXPORT_DIR.value,

@@ -29,8 +29,7 @@ flags.adopt_module_key_flags(flags_lib)
 @error_boundary.guard(interrupted="before training started or during a "
                       "save; rerun to resume from the latest checkpoint")
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv  # flags only (error_boundary refuses positional arguments)
   config = flags_lib.config_from_flags()
   train_lib.run(config, break_lock=_BREAK_LOCK.value)
 

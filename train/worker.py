@@ -157,8 +157,7 @@ def run():
 @error_boundary.guard(interrupted="the worker had not started serving",
                       hard_exit=True)
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv  # flags only (error_boundary refuses positional arguments)
   try:
     run()
   except SystemExit as e:
