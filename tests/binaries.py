@@ -19,13 +19,16 @@ def run_main(binary, flags_given, capfd):
   seconds of a process start. `capfd` is pytest's fixture."""
   module = importlib.import_module(binary)
   absl_flags.FLAGS.unparse_flags()
-  absl_flags.FLAGS([binary, *flags_given])
-  capfd.readouterr()
-  code = 0
   try:
-    module.main([binary])
-  except SystemExit as e:
-    code = e.code
+    absl_flags.FLAGS([binary, *flags_given])
+    capfd.readouterr()
+    code = 0
+    try:
+      module.main([binary])
+    except SystemExit as e:
+      code = e.code
+  finally:
+    absl_flags.FLAGS.unparse_flags()  # the next test parses its own
   out = capfd.readouterr()
   return code, out.out, out.err
 

@@ -11,7 +11,6 @@ of the folder byte for byte unchanged.
 
 import errno
 import hashlib
-import importlib
 import io
 import json
 import os
@@ -23,13 +22,12 @@ import subprocess
 import sys
 import time
 
-from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import hold
-from tests.binaries import ROOT
+from tests.binaries import ROOT, run_main
 from train import run_lock
 from train.run_dir import RunDir
 from train import config as config_lib
@@ -270,36 +268,17 @@ def test_hostile_inputs_fail_in_one_line_and_change_nothing(trained,
     assert _tree(case) == before, name
 
 
-def _main_in_process(module, flags_given, capsys):
-  """(exit status, stderr) of `module`'s main (train.train or
-  train.evaluate, which can share a process) in this process: flags parsed
-  as absl does, behind the binary's own error boundary. A real process of
-  each runs elsewhere in make test (conftest.py's synthetic_run,
-  test_train_binaries.py)."""
-  binary = importlib.import_module(module)
-  absl_flags.FLAGS.unparse_flags()
-  try:
-    absl_flags.FLAGS([module, *flags_given])
-    capsys.readouterr()
-    try:
-      binary.main([module])
-      code = 0
-    except SystemExit as e:
-      code = e.code
-  finally:
-    absl_flags.FLAGS.unparse_flags()
-  return code, capsys.readouterr().err
-
-
 def test_break_lock_takes_any_lock_and_resume_records_changes(trained,
                                                               tmp_path,
-                                                              capsys):
+                                                              capfd):
   run = tmp_path / "run"
   shutil.copytree(trained, run)
   _lock(run, pid=2**40, started=1e300, updated="soon")
-  code, err = _main_in_process(
+  # Through train.train's main in this process (a real process of it runs
+  # in conftest.py's synthetic_run).
+  code, _, err = run_main(
       "train.train", [*SYNTH, f"--model_dir={run}", "--train_steps=15",
-                      "--learning_rate=0.01", "--break_lock=true"], capsys)
+                      "--learning_rate=0.01", "--break_lock=true"], capfd)
   assert code == 0, err
   assert "warning: taking over" in err, err
   assert "Traceback" not in err
@@ -386,7 +365,7 @@ def test_a_signal_while_tracing_is_one_line_and_releases_the_lock(tmp_path):
 
 
 def test_evaluate_with_data_the_export_cannot_take_names_the_flags(
-    trained, tmp_path, capsys):
+    trained, tmp_path, capfd):
   """An export without its marker evaluated with another preset's data
   (an LM's int token windows for an MLP of 32 floats): one line naming the
   flags and both shapes, not TF's "In[0] is not a matrix"."""
@@ -400,12 +379,12 @@ def test_evaluate_with_data_the_export_cannot_take_names_the_flags(
   (corpus / "corpus.txt").write_text("\n%\n".join(
       " ".join(rng.choice(words, 36)) for _ in range(400)))
   before = _tree(export)
-  code, err = _main_in_process(
+  code, _, err = run_main(
       "train.evaluate", [
           f"--saved_model={export}", "--preset=fortunes_lm",
           f"--source_dir={corpus}", f"--data_dir={tmp_path}/data",
           "--vocab_kind=char", "--vocab_size=40", "--seq_len=16",
-          "--batch_size=8", "--eval_batches=1"], capsys)
+          "--batch_size=8", "--eval_batches=1"], capfd)
   assert code == 1, err
   line = _one_error_line(err)
   for word in (f"--saved_model={export} takes features of shape (None, 32) "
