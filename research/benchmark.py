@@ -219,6 +219,7 @@ def _placement(plan):
   """This process's placement: `plan`'s simulated devices, or --placement."""
   if plan is None:
     return placement_lib.make_placement(_PLACEMENT.value, _NUM_MODULES.value)
+  threading_plan.use_own_pools(plan)  # D pools of t threads, not one.
   placement_lib.configure_simulated_devices(
       plan.num_devices, intra_op_threads=plan.threads_per_device)
   return benchmark_lib.simulated_placement(plan)

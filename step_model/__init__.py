@@ -18,12 +18,13 @@ Floors (tests/test_import_direction.py): this package sits above
 `tf_interlock` and `layers`, and uses only their public names
 (tests/test_private_access.py); `research/` imports its modules; `train/`
 imports the package alone, for the one choice a binary makes before it can
-measure: its CPU threading plan (`plan_for`, `host_cores`). It is not
+measure: its CPU threading plan (`plan_for`, `host_cores`, `use_own_pools`). It is not
 installed by `pip install .` (pyproject.toml): it runs from a checkout.
 """
 
 from step_model.threading_plan import ThreadingPlan
 from step_model.threading_plan import host_cores
 from step_model.threading_plan import plan_for
+from step_model.threading_plan import use_own_pools
 
-__all__ = ["ThreadingPlan", "host_cores", "plan_for"]
+__all__ = ["ThreadingPlan", "host_cores", "plan_for", "use_own_pools"]

@@ -10,13 +10,24 @@ cores it gains more from threads inside each op; local and pairwise training
 keep every device busy and gain more from one thread per device.
 
 `choose_plan` asks the schedule model (`schedule.simulate`) for every
-candidate plan and keeps the fastest. TF's thread pools are process-wide and
-fixed when the runtime starts, so a plan applies to a whole process.
+candidate plan and keeps the fastest. TF's thread pools are fixed when the
+runtime starts, so a plan applies to a whole process.
+
+Pools: by default all local CPU devices of a process share ONE intra-op pool
+(`LocalDevice::use_global_threadpool_` in TF's local_device.cc), so "D
+devices x t threads" would run on t cores, not D x t. `use_own_pools` sets
+TF_OVERRIDE_GLOBAL_THREADPOOL=1 before the runtime starts, and every device
+then gets a pool of t threads of its own (tests/test_device_pools.py counts
+them). With t = 1 the pools do not matter: an op runs inline on the inter-op
+thread that runs it. A plan says what it shares: `shared_pool` (one pool of
+t for all devices) and `num_cores` (more threads than cores: they share the
+cores), in `describe` and `cores_in_use`; the schedule model is given only
+the cores a plan really has.
 """
 
 import dataclasses
 import os
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from step_model import schedule
 
@@ -40,24 +51,75 @@ class ThreadingPlan:
     num_devices: logical devices D (the process's inter-op threads).
     threads_per_device: intra-op threads t of every op.
     module_devices: per module, its device index (contiguous blocks).
+    shared_pool: whether the devices share one intra-op pool of t threads
+      (TF's default) instead of a pool each (`use_own_pools`).
+    num_cores: the host's cores the plan was made for (None: unknown); not
+      part of the plan's identity.
   """
   num_devices: int
   threads_per_device: int
   module_devices: Tuple[int, ...]
+  shared_pool: bool = False
+  num_cores: Optional[int] = dataclasses.field(default=None, compare=False)
 
   @property
   def modules_per_device(self):
     """The most modules any one device holds."""
     return max(self.module_devices.count(d) for d in range(self.num_devices))
 
+  @property
+  def threads(self):
+    """Threads that run ops at once: t of the one shared pool, else D x t."""
+    return self.threads_per_device * (1 if self.shared_pool
+                                      else self.num_devices)
+
+  def cores_in_use(self, num_cores=None):
+    """The cores the plan's ops can run on: its threads, at most the host's
+    (`num_cores`, default the plan's own; None when neither is known)."""
+    cores = self.num_cores if num_cores is None else num_cores
+    return None if cores is None else min(cores, self.threads)
+
   def describe(self):
-    """E.g. "4 devices x 1 thread" or "2 devices x 1 thread, 2 modules each"."""
+    """E.g. "4 devices x 1 thread", "2 devices x 1 thread, 2 modules each",
+    "4 devices x 4 threads, one shared pool (4 cores)" or "4 devices x 2
+    threads (8 threads on 2 cores)"."""
     text = (f"{self.num_devices} device{'s' * (self.num_devices > 1)} x "
             f"{self.threads_per_device} thread"
             f"{'s' * (self.threads_per_device > 1)}")
     if self.modules_per_device > 1:
       text += f", {self.modules_per_device} modules each"
+    if self.shared_pool and self.num_devices > 1 and (
+        self.threads_per_device > 1):
+      text += f", one shared pool ({self.cores_in_use() or self.threads} cores)"
+    elif self.num_cores is not None and self.threads > self.num_cores:
+      text += f" ({self.threads} threads on {self.num_cores} cores)"
     return text
+
+
+# Read by TF when the runtime creates its CPU devices
+# (OverrideGlobalThreadPoolFromEnvironment in local_device.cc): "1" gives
+# every device an intra-op pool of its own instead of the process's one.
+OWN_POOLS_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
+
+
+def use_own_pools(plan):
+  """Makes `plan` what it says: each device its own pool of t threads.
+
+  Must run before the TF runtime starts (before the first op: importing TF
+  and listing physical devices are fine); later, TF has read the variable.
+  A plan of one thread per device, or a `shared_pool` plan, changes
+  nothing: with t = 1 ops run inline on the inter-op threads.
+
+  Args:
+    plan: the `ThreadingPlan` this process runs.
+
+  Returns:
+    Whether the variable was set.
+  """
+  if plan.shared_pool or plan.threads_per_device == 1:
+    return False
+  os.environ[OWN_POOLS_ENV] = "1"
+  return True
 
 
 def host_cores():
@@ -71,7 +133,8 @@ def _check_int(name, value, minimum):
         f"{name} must be an int >= {minimum}. Received: {name}={value!r}")
 
 
-def make_plan(num_modules, num_devices, threads_per_device):
+def make_plan(num_modules, num_devices, threads_per_device, *,
+              num_cores=None, shared_pool=False):
   """K modules in contiguous, balanced blocks on D devices of t threads.
 
   Module k goes to device floor(k D / K): K = 4, D = 2 gives (0, 0, 1, 1).
@@ -80,6 +143,8 @@ def make_plan(num_modules, num_devices, threads_per_device):
     num_modules: K >= 1.
     num_devices: D, 1 <= D <= K.
     threads_per_device: t >= 1.
+    num_cores: the host's cores, or None (see `ThreadingPlan`).
+    shared_pool: whether the devices share one pool (see `ThreadingPlan`).
 
   Returns:
     A `ThreadingPlan`.
@@ -90,16 +155,19 @@ def make_plan(num_modules, num_devices, threads_per_device):
   if num_devices > num_modules:
     raise ValueError(f"num_devices must be <= num_modules={num_modules}. "
                      f"Received: num_devices={num_devices}")
+  if num_cores is not None:
+    _check_int("num_cores", num_cores, 1)
   return ThreadingPlan(
       num_devices, threads_per_device,
-      tuple(k * num_devices // num_modules for k in range(num_modules)))
+      tuple(k * num_devices // num_modules for k in range(num_modules)),
+      bool(shared_pool), num_cores)
 
 
 def candidate_plans(num_modules, num_cores):
   """Every plan with D devices (D divides K: equal modules per device) and
-  t in 1..num_cores threads."""
+  t in 1..num_cores threads, each device with a pool of its own."""
   _check_int("num_cores", num_cores, 1)
-  return [make_plan(num_modules, d, t)
+  return [make_plan(num_modules, d, t, num_cores=num_cores)
           for d in range(num_modules, 0, -1) if num_modules % d == 0
           for t in range(1, num_cores + 1)]
 
@@ -117,10 +185,11 @@ def predict(costs, strategy, plan, num_cores, *,
     **kwargs: passed on to `schedule.simulate` (has_aux, num_microbatches).
 
   Returns:
-    A `schedule.ScheduleResult`.
+    A `schedule.ScheduleResult`. A `shared_pool` plan has t cores at most:
+    its ops hold them in turn, whatever D.
   """
   return schedule.simulate(
-      costs, strategy, num_cores=num_cores,
+      costs, strategy, num_cores=plan.cores_in_use(num_cores),
       threads_per_device=plan.threads_per_device,
       module_devices=plan.module_devices,
       thread_efficiency=thread_efficiency, **kwargs)
@@ -164,7 +233,7 @@ def choose_plan(costs: Sequence[schedule.ModuleCost], strategy, num_cores, *,
   _check_overrides(num_modules, threads_per_device, modules_per_device)
   if threads_per_device is not None and threads_per_device > num_cores:
     return make_plan(num_modules, num_modules // (modules_per_device or 1),
-                     threads_per_device), None
+                     threads_per_device, num_cores=num_cores), None
   best = None
   for plan in candidate_plans(num_modules, num_cores):
     if threads_per_device not in (None, plan.threads_per_device):

@@ -118,6 +118,40 @@ def test_overrides():
     threading_plan.plan_for(4, "local", 2, modules_per_device=3)
 
 
+def test_plans_say_what_they_share():
+  # Own pools (the default): D x t threads; more than the host's cores and
+  # the plan says so, and has only the host's cores.
+  plan = threading_plan.make_plan(4, 4, 2, num_cores=2)
+  assert plan.describe() == "4 devices x 2 threads (8 threads on 2 cores)"
+  assert (plan.threads, plan.cores_in_use()) == (8, 2)
+  assert threading_plan.make_plan(8, 8, 2, num_cores=16).cores_in_use() == 16
+  # One pool shared by every device: t cores, whatever D.
+  shared = threading_plan.make_plan(4, 4, 4, num_cores=16, shared_pool=True)
+  assert shared.describe() == "4 devices x 4 threads, one shared pool (4 cores)"
+  assert shared.cores_in_use() == 4 and shared != threading_plan.make_plan(
+      4, 4, 4, num_cores=16)
+  # Every plan the planner offers has pools of its own and knows its cores.
+  for plan in threading_plan.candidate_plans(4, 2):
+    assert not plan.shared_pool and plan.num_cores == 2
+  assert threading_plan.plan_for(4, "local", 16).num_cores == 16
+
+
+def test_a_shared_pool_runs_one_op_at_a_time():
+  # Local, K = 4 on "4 devices x 4 threads", 16 cores, e = 1: own pools run
+  # the four modules at once, each op 4x faster: (f + bw) / 4 = 0.5 a step.
+  # One shared pool of 4 threads holds one op at a time: all 4 modules'
+  # F and BW (8 units; A and U cost 0) in turn at 4x, 2 a step, as measured on 16 cores
+  # (local = e2e there, issue 39).
+  own = threading_plan.make_plan(4, 4, 4, num_cores=16)
+  shared = threading_plan.make_plan(4, 4, 4, num_cores=16, shared_pool=True)
+  assert threading_plan.predict([UNIT] * 4, "local", own, 16,
+                                thread_efficiency=1.0).step_time == (
+                                    pytest.approx(0.5))
+  assert threading_plan.predict([UNIT] * 4, "local", shared, 16,
+                                thread_efficiency=1.0).step_time == (
+                                    pytest.approx(2.0))
+
+
 def test_plan_for_four_modules_on_two_cores():
   # With nominal costs on 2 cores: e2e (no overlap between modules) takes
   # the threads; 2-wise keeps one device per module and one thread.

@@ -38,7 +38,10 @@ def test_default_is_one_device_of_one_thread_per_module():
 def test_fixed_and_chosen_plans():
   plan = runtime_setup.simulated_plan(_config(threads_per_device=2,
                                           modules_per_device=2))
-  assert plan.describe() == "2 devices x 2 threads, 2 modules each"
+  # On fewer cores than its 4 threads, the plan says they share them.
+  cores = threading_plan.host_cores()
+  assert plan.describe() == "2 devices x 2 threads, 2 modules each" + (
+      f" (4 threads on {cores} cores)" if cores < 4 else "")
   assert plan.module_devices == (0, 0, 1, 1)
   for strategy in ("e2e", "local", "2wise"):
     chosen = runtime_setup.simulated_plan(_config(
@@ -86,9 +89,12 @@ def test_two_modules_per_device_train_the_same_weights(tmp_path, capfd):
       "--modules_per_device=2", f"--model_dir={tmp_path / 'shared'}").stdout
   summaries = {name: json.loads(text.strip().splitlines()[-1])
                for name, text in out.items()}
-  assert summaries["one_each"]["threading"] == "4 devices x 1 thread"
+  cores = threading_plan.host_cores()
+  on_cores = f" (4 threads on {cores} cores)" if cores < 4 else ""
+  assert summaries["one_each"]["threading"] == "4 devices x 1 thread" + (
+      on_cores)
   assert summaries["shared"]["threading"] == (
-      "2 devices x 2 threads, 2 modules each")
+      "2 devices x 2 threads, 2 modules each" + on_cores)
   a = _weights(str(tmp_path / "one_each"))
   b = _weights(str(tmp_path / "shared"))
   assert a.keys() == b.keys() and len(a) >= 8

@@ -42,6 +42,8 @@ def setup_runtime(config):
   plan = simulated_plan(config) if placement.splits_host_cpu else None
   joined = multi_worker.join(config, plan.threads_per_device if plan else 1)
   if plan and not joined:
+    # Each device a pool of its own: D x t threads, as the plan says.
+    step_model.use_own_pools(plan)
     placement.configure_devices(plan.num_devices,
                                 intra_op_threads=plan.threads_per_device)
   if config.run.deterministic:
