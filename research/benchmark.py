@@ -269,6 +269,7 @@ def worker_report(strategies, plan=None):
   return {"strategies": rows,
           "module_costs_ms": costs and benchmark_lib.costs_ms(costs),
           "plan": plan.describe() if plan else _PLACEMENT.value,
+          "cores_in_use": plan.cores_in_use(cores) if plan else None,
           "threads_per_device": plan.threads_per_device if plan else None,
           "thread_pools": benchmark_lib.threading_state()}
 
@@ -338,7 +339,8 @@ def main_report():
       runs_out.append(run)
     for name in strategies:
       results[name] = dict(runs[plans[name]]["strategies"][name],
-                           plan=plans[name].describe())
+                           plan=plans[name].describe(),
+                           cores_in_use=plans[name].cores_in_use(cores))
     # The peer: the best microbatched e2e, each M on its own chosen plan.
     benchmark_lib.add_peer(results)
     costs = runs_out[0]["module_costs_ms"]
@@ -367,7 +369,8 @@ def main(argv):
         plan = threading_plan.make_plan(
             _NUM_MODULES.value,
             _NUM_MODULES.value // (_MODULES_PER_DEVICE.value or 1),
-            _THREADS.value or 1)
+            _THREADS.value or 1,
+            num_cores=_CORES.value or threading_plan.host_cores())
       report = _around_reference(
           (lambda: worker_report(_STRATEGIES.value, plan))
           if _ROLE.value == "worker" else (lambda: profile_report(plan)),

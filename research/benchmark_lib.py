@@ -497,6 +497,11 @@ def format_table(report):
             header]
   for name, row in report["strategies"].items():
     lines.append(_row_line(name, row.get("plan", report["placement"]), row))
+  cores = {n: r["cores_in_use"] for n, r in report["strategies"].items()
+           if r.get("cores_in_use")}
+  if cores:  # Plain Keras had them all: the plans' share of the host.
+    lines.append(f"cores in use of {report['num_cores']}: " + ", ".join(
+        f"{n} {c}" for n, c in cores.items()))
   for run in report.get("runs", []):
     lines += ["", f"Every strategy run on {run['plan']}:", header]
     for name, row in run["strategies"].items():

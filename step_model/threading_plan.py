@@ -160,16 +160,21 @@ def make_plan(num_modules, num_devices, threads_per_device, *,
   return ThreadingPlan(
       num_devices, threads_per_device,
       tuple(k * num_devices // num_modules for k in range(num_modules)),
-      bool(shared_pool), num_cores)
+      # With one thread per device ops run inline on the inter-op threads:
+      # there is no pool to share.
+      bool(shared_pool) and threads_per_device > 1, num_cores)
 
 
 def candidate_plans(num_modules, num_cores):
-  """Every plan with D devices (D divides K: equal modules per device) and
-  t in 1..num_cores threads, each device with a pool of its own."""
+  """Every plan the host can honour: D devices (D divides K: equal modules
+  per device), each with a pool of its own of t threads, D x t <= num_cores;
+  and, when K > num_cores, D devices of one thread each, which take turns
+  on the cores (the plan says so: "4 devices x 1 thread (4 threads on 2
+  cores)")."""
   _check_int("num_cores", num_cores, 1)
   return [make_plan(num_modules, d, t, num_cores=num_cores)
           for d in range(num_modules, 0, -1) if num_modules % d == 0
-          for t in range(1, num_cores + 1)]
+          for t in range(1, max(1, num_cores // d) + 1)]
 
 
 def predict(costs, strategy, plan, num_cores, *,
@@ -209,7 +214,9 @@ def _check_overrides(num_modules, threads_per_device, modules_per_device):
 def choose_plan(costs: Sequence[schedule.ModuleCost], strategy, num_cores, *,
                 threads_per_device=None, modules_per_device=None,
                 thread_efficiency=DEFAULT_THREAD_EFFICIENCY, **kwargs):
-  """The candidate plan with the smallest predicted step time.
+  """The candidate plan (`candidate_plans`) with the smallest predicted
+  step time; with `threads_per_device` or `modules_per_device` fixed, the
+  best plan that keeps them, even one whose threads share the cores.
 
   Ties (within 1e-9, relative) go to more devices, then fewer threads: the
   plan closest to one device per module.
@@ -235,7 +242,14 @@ def choose_plan(costs: Sequence[schedule.ModuleCost], strategy, num_cores, *,
     return make_plan(num_modules, num_modules // (modules_per_device or 1),
                      threads_per_device, num_cores=num_cores), None
   best = None
-  for plan in candidate_plans(num_modules, num_cores):
+  # A plan fixed by the user may share the cores (it says so); the chooser
+  # offers only the plans the host can honour.
+  fixed = threads_per_device is not None or modules_per_device is not None
+  plans = [make_plan(num_modules, d, t, num_cores=num_cores)
+           for d in range(num_modules, 0, -1) if num_modules % d == 0
+           for t in range(1, num_cores + 1)] if fixed else candidate_plans(
+               num_modules, num_cores)
+  for plan in plans:
     if threads_per_device not in (None, plan.threads_per_device):
       continue
     if modules_per_device is not None and (

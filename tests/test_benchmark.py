@@ -72,7 +72,9 @@ def test_plain_keras_baseline_runs_in_its_own_process():
   assert report["baseline_threads"] == len(os.sched_getaffinity(0))
   (run,) = report["runs"]
   assert run["thread_pools"] == {"intra_op": 1, "inter_op": 4}
-  assert run["plan"] == "4 devices x 1 thread"
+  # 4 threads on 2 cores: the plan says they share them.
+  assert run["plan"] == "4 devices x 1 thread (4 threads on 2 cores)"
+  assert run["cores_in_use"] == 2
   plain = report["plain_keras_step_s"]
   assert plain > 0 and report["e2e_single_step_s"] > 0
   assert report["e2e_overhead_vs_keras"] == pytest.approx(
@@ -80,7 +82,8 @@ def test_plain_keras_baseline_runs_in_its_own_process():
   e2e = report["strategies"]["e2e"]["measured_step_s"]
   for name in ("e2e", "local"):
     row = report["strategies"][name]
-    assert row["plan"] == "4 devices x 1 thread"
+    assert row["plan"] == "4 devices x 1 thread (4 threads on 2 cores)"
+    assert row["cores_in_use"] == 2
     assert row["speedup_vs_plain_keras"] == pytest.approx(
         plain / row["measured_step_s"])
     assert row["measured_speedup"] == pytest.approx(

@@ -74,10 +74,13 @@ def test_make_plan_blocks():
       "2 devices x 1 thread, 2 modules each")
   with pytest.raises(ValueError, match=r"Received: num_devices=5$"):
     threading_plan.make_plan(4, 5, 1)
-  # D in (4, 2, 1) (D divides K) x t in (1, 2).
+  # D in (4, 2, 1) (D divides K) x t, D x t <= 2 cores, or t = 1.
   assert [(p.num_devices, p.threads_per_device)
           for p in threading_plan.candidate_plans(4, 2)] == [
-              (4, 1), (4, 2), (2, 1), (2, 2), (1, 1), (1, 2)]
+              (4, 1), (2, 1), (1, 1), (1, 2)]
+  assert [(p.num_devices, p.threads_per_device)
+          for p in threading_plan.candidate_plans(8, 16)][:4] == [
+              (8, 1), (8, 2), (4, 1), (4, 2)]
 
 
 # f = bx = bw = 1, no aux or update cost, K = 2, 2 cores, e = 0.64.
@@ -87,10 +90,10 @@ UNIT = ModuleCost(forward=1.0, input_vjp=1.0, weight_vjp=1.0)
 def test_e2e_chooses_threads_inside_ops():
   # e2e: 2 devices x 1 thread runs F0, F1, BX1, then BW0 and BW1 together:
   # 4 per step (one core idles 3 of 4). Two threads per op run the 5 units
-  # of work one op at a time at 1.64x: 5 / 1.64 = 3.05, on 2 devices or on
-  # 1 (a tie: more devices win).
+  # of work one op at a time at 1.64x: 5 / 1.64 = 3.05, on the one device
+  # of 2 threads that 2 cores hold (2 devices x 2 threads would need 4).
   plan, step = threading_plan.choose_plan([UNIT] * 2, "e2e", 2)
-  assert (plan.num_devices, plan.threads_per_device) == (2, 2)
+  assert (plan.num_devices, plan.threads_per_device) == (1, 2)
   assert step == pytest.approx(5 / 1.64, abs=1e-9)
 
 
