@@ -3,10 +3,10 @@
 TF's local CPU devices share one intra-op pool unless
 TF_OVERRIDE_GLOBAL_THREADPOOL=1 is set before the runtime starts
 (`step_model.use_own_pools`). Pools are fixed per process, so each case runs
-in a child process: it sets up the plan, then runs a chain of matmuls on each
-device in turn and lists the threads whose CPU time grew meanwhile
-(/proc/self/task/TID/stat), other than the calling one. Those threads are
-the device's intra-op pool.
+in a child process: it sets up the plan, then `research.pool_check` runs a
+chain of matmuls on each device in turn and lists the threads whose CPU time
+grew meanwhile (/proc/self/task/TID/stat), other than the calling one: the
+device's intra-op pool.
 """
 
 import json
@@ -16,64 +16,34 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Runs in the child: argv[1] = "train" (train.runtime_setup's set-up of a
-# 4-module plan of 2 devices x 2 threads) or "shared" (the same devices and
-# threads through placement.split_host_cpu alone: TF's one shared pool).
+# Runs in the child: train.runtime_setup's set-up of a 4-module plan of 2
+# devices x 2 threads, then the threads each device's ops ran on.
 _CHILD = r"""
 import dataclasses, json, os, sys
 from train import runtime_env  # noqa: F401  (before TensorFlow)
 import tensorflow as tf
-from tf_interlock import placement
+from research import pool_check
 from train import config as config_lib
 from train import runtime_setup
 
-if sys.argv[1] == "train":
-  config = dataclasses.replace(
-      config_lib.load_preset("synthetic_mlp"), placement="simulated",
-      threads_per_device=2, modules_per_device=2)
-  runtime_setup.setup_runtime(config)
-  plan = runtime_setup.simulated_plan(config)
-else:
-  placement.split_host_cpu(2, intra_op_threads=2)
-  plan = None
+config = dataclasses.replace(
+    config_lib.load_preset("synthetic_mlp"), placement="simulated",
+    threads_per_device=2, modules_per_device=2)
+runtime_setup.setup_runtime(config)
+plan = runtime_setup.simulated_plan(config)
 
-def cpu_ticks():
-  ticks = {}
-  for tid in os.listdir("/proc/self/task"):
-    if int(tid) == os.getpid():  # The caller, which runs and waits.
-      continue
-    try:
-      with open(f"/proc/self/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:  # The thread ended.
-      continue
-    ticks[tid] = int(fields[11]) + int(fields[12])  # utime + stime
-  return ticks
-
-@tf.function
-def chain(x):
-  for _ in range(24):
-    x = tf.matmul(x, x) * 1e-3
-  return x
-
-used = []
-for device in tf.config.list_logical_devices("CPU"):
-  with tf.device(device.name):
-    x = tf.random.normal([768, 768])
-    chain(x).numpy()  # Traced and warm: the next call is the ops alone.
-    before = cpu_ticks()
-    chain(x).numpy()
-    after = cpu_ticks()
-  used.append(sorted(t for t in after if after[t] > before.get(t, after[t])))
+names = [d.name for d in tf.config.list_logical_devices("CPU")]
+used = pool_check.device_threads(names)
 print(json.dumps({"used": used, "env": os.environ.get(
-    "TF_OVERRIDE_GLOBAL_THREADPOOL"), "plan": plan and plan.describe()}))
+    "TF_OVERRIDE_GLOBAL_THREADPOOL"), "plan": plan.describe()}))
 """
 
 
-def _threads_per_device(mode):
+def _report(*args):
+  """The last line of `python *args`' stdout, as JSON (a child process)."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
   env.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
-  proc = subprocess.run([sys.executable, "-c", _CHILD, mode], cwd=ROOT,
+  proc = subprocess.run([sys.executable, *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=300,
                         check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -83,7 +53,7 @@ def _threads_per_device(mode):
 def test_each_device_of_a_train_plan_runs_on_its_own_threads():
   # 2 devices x 2 threads: each device's ops ran on exactly 2 threads, and
   # not the other device's (4 threads in all, as the plan claims).
-  report = _threads_per_device("train")
+  report = _report("-c", _CHILD)
   assert report["env"] == "1"
   assert report["plan"].startswith("2 devices x 2 threads, 2 modules each")
   first, second = map(set, report["used"])
@@ -93,8 +63,11 @@ def test_each_device_of_a_train_plan_runs_on_its_own_threads():
 
 def test_without_own_pools_the_devices_share_one_pool():
   # TF's default, which the plans above avoid: both devices run on the same
-  # 2 threads (2 cores for "2 devices x 2 threads").
-  report = _threads_per_device("shared")
-  assert report["env"] is None
-  first, second = map(set, report["used"])
+  # 2 threads, and the plan says it has 2 cores.
+  report = _report("-m", "research.pool_check", "--num_devices=2",
+                   "--threads_per_device=2", "--shared_pool", "--repeats=1")
+  assert report["own_pools_env"] is None
+  assert report["plan"] == "2 devices x 2 threads, one shared pool (2 cores)"
+  first, second = map(set, report["device_threads"])
   assert first == second and len(first) == 2, report
+  assert not report["disjoint"] and report["cores_in_use"] == 2
