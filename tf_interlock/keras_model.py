@@ -260,6 +260,11 @@ class InterlockModel(keras.Model):
     with keras_private.unlocked_tracker(self):
       self._eval_trackers = keras_fit.eval_trackers(
           self.interlock_modules, metric_names)
+    # Not tracked (it holds the trackers above): where Keras's callbacks
+    # read which way each value improves, for their mode="auto".
+    object.__setattr__(self, "_monitor_directions",
+                       keras_metrics.monitor_directions(
+                           self._eval_trackers, metrics, metric_names))
     # Not tracked: a Keras metric object in it would become the model's
     # state (and a locked, built model refuses new state).
     object.__setattr__(self, "_interlock_compile_config",
@@ -282,7 +287,18 @@ class InterlockModel(keras.Model):
 
   @property
   def metrics(self):
-    """Keras `Mean` trackers of every logged value (reset each epoch)."""
+    """Keras `Mean` trackers of every logged value (reset each epoch), and
+    after `compile` one list of those that go up or down
+    (`keras_metrics.monitor_directions`), which Keras's callbacks read."""
+    directions = getattr(self, "_monitor_directions", None)
+    return self._trackers() + ([] if directions is None else [directions])
+
+  @property
+  def metrics_names(self):
+    """The names of the logged values, in `model.metrics` order."""
+    return [m.name for m in self._trackers()]
+
+  def _trackers(self):
     return (list(getattr(self, "_eval_trackers", [])) +
             list(self._fit_logs.extra.values()))
 

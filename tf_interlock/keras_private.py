@@ -187,3 +187,42 @@ def load_layer_state(layer, state):
     store.close()
   if assets:
     saving_lib._load_assets_from_dict(layer, assets)  # pylint: disable=protected-access
+
+
+def metric_direction(metric):
+  """"up", "down" or None: which way a Keras metric object improves.
+
+  Touches `Metric._direction`, set by Keras's own metrics (the accuracies:
+  "up"). Keras has no public accessor; its callbacks read it.
+  """
+  return getattr(metric, "_direction", None)
+
+
+def monitorable(trackers):
+  """A metric listing `trackers` where Keras's callbacks look for them.
+
+  `MonitorCallback._set_monitor_op` (EarlyStopping, ModelCheckpoint,
+  ReduceLROnPlateau with mode="auto") finds the direction of `monitor`
+  only among the metrics of a `compile_utils.CompileMetrics` or
+  `MetricsList` in `model.metrics`, by name, from their `_direction`
+  (Keras 3.15's monitor_callback.py); it has no public hook.
+
+  Args:
+    trackers: [(a Keras `Mean` tracker, "up" or "down")]; each tracker's
+      `_direction` is set.
+
+  Returns:
+    A `MetricsList` over the trackers whose `result()` is their results
+    by name, as `model.get_metrics_result()` expects of a metric.
+  """
+  from keras.src.trainers import compile_utils  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+
+  class Directions(compile_utils.MetricsList):
+
+    def result(self):
+      return self.get_result()
+
+  for tracker, direction in trackers:
+    tracker._direction = direction  # pylint: disable=protected-access
+  return Directions([tracker for tracker, _ in trackers],
+                    name="monitor_directions")
