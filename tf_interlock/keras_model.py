@@ -38,6 +38,7 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
+from tf_interlock import keras_habits
 from tf_interlock import keras_fit
 from tf_interlock import keras_metrics
 from tf_interlock import keras_private
@@ -104,6 +105,21 @@ class InterlockModel(keras.Model):
   @property
   def num_modules(self):
     return len(self.interlock_modules)
+
+  @property
+  def strategy(self):
+    """The `InterlockStrategy` this model trains with (its window n)."""
+    return self.interlock_strategy
+
+  def get_layer(self, name=None, index=None):
+    """Keras's `get_layer`; a name not at the top level (the modules) is
+    looked up in every module's body and aux head, so the name of a layer
+    of the model given to `from_keras` finds it in its module (once
+    built)."""
+    if name is None or index is not None or name in [
+        layer.name for layer in self.layers]:
+      return super().get_layer(name, index)
+    return keras_habits.find_layer(self.interlock_modules, name)
 
   @property
   def modules(self):
@@ -508,6 +524,25 @@ class InterlockModel(keras.Model):
                          self._input_dtype or "float32")
     return export_lib.export_saved_model(self.interlock_modules, spec,
                                          export_dir, **kwargs)
+
+  def export(self, filepath, format="tf_saved_model", verbose=None,  # pylint: disable=redefined-builtin
+             input_signature=None, **kwargs):
+    """Keras's `model.export`: writes `export_saved_model(filepath)`.
+
+    The SavedModel serves `serving_default` (the network) and `exit_k`
+    (each early exit), each `{"logits": ...}` from `{"inputs": ...}`.
+    Other formats, an `input_signature` or other arguments are refused in
+    one line that names `export_saved_model`.
+
+    Returns:
+      The export's path.
+    """
+    keras_habits.check_export(format, input_signature, kwargs)
+    path = self.export_saved_model(filepath)
+    if verbose or verbose is None:
+      print(f"Saved artifact at {path!r}: signatures 'serving_default' and "
+            f"'exit_k', inputs 'inputs', output 'logits'.")
+    return path
 
   def get_config(self):
     config = super().get_config()
