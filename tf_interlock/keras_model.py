@@ -495,6 +495,10 @@ class InterlockModel(keras.Model):
       Numpy logits.
     """
     exit = keras_fit.check_exit(self.interlock_modules, exit)
+    if not self.built and hasattr(x, "shape"):
+      # Built eagerly with x's dtype, as fit builds, not inside the traced
+      # predict function with float32 zeros (a StringLookup takes strings).
+      self._ensure_built(x[:1])
     self._predict_exit = exit
     self.predict_function = self._predict_functions.get(exit)
     try:
