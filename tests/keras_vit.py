@@ -131,7 +131,8 @@ def small_cnn(seed=0, augment=False):
   h = keras.layers.ReLU()(keras.layers.Conv2D(8, 3, padding="same")(h))
   h = keras.layers.GlobalAveragePooling2D()(h)
   model = keras.Model(inputs, keras.layers.Dense(CLASSES)(h), name="cnn")
-  for layer in [model.layers[3]] + block.layers[1:2]:
+  for layer in [layer for layer in model.layers + block.layers
+                if isinstance(layer, keras.layers.BatchNormalization)]:
     layer.moving_mean.assign(np.full(layer.moving_mean.shape, 0.5))
     layer.moving_variance.assign(np.full(layer.moving_variance.shape, 2.0))
   model.get_layer("scaled").scale.assign(3.0)

@@ -522,6 +522,7 @@ def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
     piece = _segment_config(config, layers, start, stop,
                             _input_of(graph, nodes, start),
                             f"{name}_piece{k}")
+    piece = layer_state.with_vocabularies(piece, layers[start:stop])
     weights = {layer.name: layer_state.snapshot(layer)
                for layer in layers[start:stop]}
     body = KerasSegment(piece, weights, _layer_classes(graph),

@@ -20,11 +20,23 @@ So the state is taken the way `model.save` takes it (every nested layer's
 save hooks, `keras_private.save_layer_state`) and put back the way
 `load_model` does (every load hook), and every layer's `trainable` flag is
 recorded at every depth and set again in the same order.
+
+An adapted vocabulary is also written into the piece's config
+(`with_vocabularies`), as Keras keeps a vocabulary given to the layer's
+constructor: a lookup whose table is empty cannot even be called, and
+`InterlockModel` builds (also when `load_model` rebuilds it, before any
+asset is loaded) by calling its modules once.
 """
 
 from typing import Any, List, NamedTuple, Tuple
 
+import keras
+import numpy as np
+
 from tf_interlock import keras_private
+
+_LOOKUPS = (keras.layers.StringLookup, keras.layers.IntegerLookup,
+            keras.layers.TextVectorization)
 
 
 class LayerState(NamedTuple):
@@ -72,3 +84,42 @@ def restore(layer, state):
   for inner, (_, trainable) in zip(nested, state.trainable):
     if inner.trainable != trainable:
       inner.trainable = trainable
+
+
+def _adapted_vocabularies(layers):
+  """{name: vocabulary} of each adapted lookup in `layers`, nested ones too.
+
+  A lookup given its vocabulary (in its config already), one never adapted
+  and one in "tf_idf" mode (whose weights are variables, restored with the
+  rest) are left out.
+  """
+  found = {}
+  for layer in layers:
+    for inner in [layer] + keras_private.flatten_layers(layer):
+      config = inner.get_config() if isinstance(inner, _LOOKUPS) else {}
+      if (config and config.get("vocabulary") is None and
+          config.get("output_mode") != "tf_idf" and
+          inner.get_vocabulary(include_special_tokens=False)):
+        # Plain Python values: the piece's config is kept as JSON.
+        found[inner.name] = np.asarray(inner.get_vocabulary()).tolist()
+  return found
+
+
+def with_vocabularies(config, layers):
+  """A piece's functional `config` with the adapted vocabularies of
+  `layers` (its source layers) written into their lookups' configs."""
+  found = _adapted_vocabularies(layers)
+  names = {cls.__name__ for cls in _LOOKUPS}
+
+  def walk(value):
+    if isinstance(value, dict):
+      inner = value.get("config")
+      if (value.get("class_name") in names and isinstance(inner, dict) and
+          inner.get("name") in found):
+        return dict(value, config=dict(inner,
+                                       vocabulary=found[inner["name"]]))
+      return {key: walk(v) for key, v in value.items()}
+    if isinstance(value, list):
+      return [walk(v) for v in value]
+    return value
+  return walk(config) if found else config
