@@ -12,6 +12,9 @@ $(STAMP): requirements.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -r requirements.txt
+	# The library itself, editable: a script anywhere can import
+	# tf_interlock (and layers) from this checkout (tests/test_install.py).
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 # pytest-xdist: one pytest worker per core (2 here; WORKERS=0 runs in one

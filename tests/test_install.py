@@ -11,6 +11,11 @@ and the README's examples against it.
 """
 
 import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
 
 import pytest
 from setuptools.config import pyprojecttoml
@@ -46,3 +51,54 @@ def test_pyproject_lists_every_package():
   assert not {"train", "step_model", "research"} & {
       name.split(".")[0] for name in config["tool"]["setuptools"]["packages"]}
 
+
+
+def _setup_command():
+  """The `pip install -e` line of the Makefile's setup recipe, as words."""
+  with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+    lines = re.findall(r"^\t\$\(PYTHON\) -m pip install (.* -e .*)$",
+                       f.read(), re.M)
+  assert len(lines) == 1, lines
+  return lines[0].split()
+
+
+def test_make_setup_installs_the_checkout_editable(tmp_path):
+  """After `make setup`, a script outside the checkout imports the
+  checkout's own tf_interlock and layers (and no train or research)."""
+  checkout, venv = tmp_path / "checkout", tmp_path / "venv"
+  checkout.mkdir()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(os.path.join(ROOT, name), checkout / name)
+  for name in TOP_LEVEL:
+    shutil.copytree(os.path.join(ROOT, name), checkout / name,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+  # A venv whose other packages (pip, setuptools, TensorFlow) are this
+  # one's, as `make setup` installs them from requirements.txt first.
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+                 check=True, timeout=120)
+  python = venv / "bin" / "python"
+  site = subprocess.run(
+      [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+       "['purelib'])"], check=True, capture_output=True, text=True).stdout
+  with open(os.path.join(site.strip(), "parent.pth"), "w",
+            encoding="utf-8") as f:
+    f.write(sysconfig.get_paths()["purelib"] + "\n")
+  proc = subprocess.run(
+      [str(python), "-m", "pip", "install", "--no-index"] + _setup_command(),
+      cwd=checkout, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  proc = subprocess.run(
+      [str(python), "-c", "import importlib.util, tf_interlock, layers; "
+       "print(tf_interlock.__file__); print(layers.__file__); "
+       "print(importlib.util.find_spec('train'), "
+       "importlib.util.find_spec('research'))"],
+      cwd=elsewhere, capture_output=True, text=True, timeout=300,
+      env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+           "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  assert lines[:2] == [str(checkout / "tf_interlock" / "__init__.py"),
+                       str(checkout / "layers" / "__init__.py")]
+  assert lines[2] == "None None"

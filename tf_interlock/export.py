@@ -147,6 +147,12 @@ def export_saved_model(modules, input_spec, export_dir, *, owner=None,
   root.num_modules = tf.Variable(len(modules), trainable=False,
                                  dtype=tf.int64, name="num_modules")
   signatures = _signatures(modules, input_spec)
+  # Every variable of every module, as Keras's own `model.export` tracks
+  # them: a random augmentation layer (RandomFlip, RandomRotation; inactive
+  # at inference) holds a seed generator whose state Keras lists in
+  # `layer.variables` but keeps out of the layer's saved children, and a
+  # signature may only capture what is reachable from the root.
+  root.module_variables = [v for module in modules for v in module.variables]
 
   def write(directory):
     tf.saved_model.save(root, directory, signatures=signatures)

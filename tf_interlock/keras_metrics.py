@@ -94,3 +94,52 @@ def per_example_metrics(metrics):
     return {name: losses_lib.mean_over_non_batch_axes(
         tf.cast(fn(labels, logits), tf.float32)) for name, fn in named}
   return metric_fn, names
+
+
+def direction(metric):
+  """"up", "down" or None: which way one entry of `metrics=` improves.
+
+  As Keras's own metric objects say (`keras_private.metric_direction`):
+  the accuracies go up. A per-example function has none, as in Keras.
+  """
+  if isinstance(metric, str):
+    if metric in _SPARSE_ACCURACY + ("categorical_accuracy",):
+      return "up"
+    try:
+      metric = keras.metrics.get(metric)
+    except ValueError:
+      return None
+    if isinstance(metric, type):
+      metric = metric()
+  if isinstance(metric, keras.metrics.Metric):
+    return keras_private.metric_direction(metric)
+  return None
+
+
+def monitor_directions(trackers, metrics, names):
+  """Keras's callbacks' view of which way each logged value improves.
+
+  With it, `EarlyStopping(monitor="val_accuracy")` or
+  `ModelCheckpoint(monitor="val_module_2/accuracy")` need no `mode=`: every
+  loss ("loss", "module_k/loss") goes down and every metric goes the way
+  its Keras object says, at every exit.
+
+  Args:
+    trackers: the evaluation's `Mean` trackers ("loss", metrics,
+      "module_k/<name>").
+    metrics: `compile`'s `metrics=` argument.
+    names: the names `per_example_metrics` gave them.
+
+  Returns:
+    A metric for `model.metrics` (`keras_private.monitorable`).
+  """
+  items = [] if metrics is None else (
+      list(metrics) if isinstance(metrics, (list, tuple)) else [metrics])
+  ways = {"loss": "down"}
+  ways.update({name: direction(m) for name, m in zip(names, items)})
+  directed = []
+  for tracker in trackers:
+    name = tracker.name.rsplit("/", 1)[-1]
+    if ways.get(name) is not None:
+      directed.append((tracker, ways[name]))
+  return keras_private.monitorable(directed)

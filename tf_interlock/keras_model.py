@@ -38,6 +38,7 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
+from tf_interlock import keras_habits
 from tf_interlock import keras_fit
 from tf_interlock import keras_metrics
 from tf_interlock import keras_private
@@ -104,6 +105,21 @@ class InterlockModel(keras.Model):
   @property
   def num_modules(self):
     return len(self.interlock_modules)
+
+  @property
+  def strategy(self):
+    """The `InterlockStrategy` this model trains with (its window n)."""
+    return self.interlock_strategy
+
+  def get_layer(self, name=None, index=None):
+    """Keras's `get_layer`; a name not at the top level (the modules) is
+    looked up in every module's body and aux head, so the name of a layer
+    of the model given to `from_keras` finds it in its module (once
+    built)."""
+    if name is None or index is not None or name in [
+        layer.name for layer in self.layers]:
+      return super().get_layer(name, index)
+    return keras_habits.find_layer(self.interlock_modules, name)
 
   @property
   def modules(self):
@@ -260,6 +276,11 @@ class InterlockModel(keras.Model):
     with keras_private.unlocked_tracker(self):
       self._eval_trackers = keras_fit.eval_trackers(
           self.interlock_modules, metric_names)
+    # Not tracked (it holds the trackers above): where Keras's callbacks
+    # read which way each value improves, for their mode="auto".
+    object.__setattr__(self, "_monitor_directions",
+                       keras_metrics.monitor_directions(
+                           self._eval_trackers, metrics, metric_names))
     # Not tracked: a Keras metric object in it would become the model's
     # state (and a locked, built model refuses new state).
     object.__setattr__(self, "_interlock_compile_config",
@@ -282,7 +303,18 @@ class InterlockModel(keras.Model):
 
   @property
   def metrics(self):
-    """Keras `Mean` trackers of every logged value (reset each epoch)."""
+    """Keras `Mean` trackers of every logged value (reset each epoch), and
+    after `compile` one list of those that go up or down
+    (`keras_metrics.monitor_directions`), which Keras's callbacks read."""
+    directions = getattr(self, "_monitor_directions", None)
+    return self._trackers() + ([] if directions is None else [directions])
+
+  @property
+  def metrics_names(self):
+    """The names of the logged values, in `model.metrics` order."""
+    return [m.name for m in self._trackers()]
+
+  def _trackers(self):
     return (list(getattr(self, "_eval_trackers", [])) +
             list(self._fit_logs.extra.values()))
 
@@ -463,6 +495,10 @@ class InterlockModel(keras.Model):
       Numpy logits.
     """
     exit = keras_fit.check_exit(self.interlock_modules, exit)
+    if not self.built and hasattr(x, "shape"):
+      # Built eagerly with x's dtype, as fit builds, not inside the traced
+      # predict function with float32 zeros (a StringLookup takes strings).
+      self._ensure_built(x[:1])
     self._predict_exit = exit
     self.predict_function = self._predict_functions.get(exit)
     try:
@@ -492,6 +528,25 @@ class InterlockModel(keras.Model):
                          self._input_dtype or "float32")
     return export_lib.export_saved_model(self.interlock_modules, spec,
                                          export_dir, **kwargs)
+
+  def export(self, filepath, format="tf_saved_model", verbose=None,  # pylint: disable=redefined-builtin
+             input_signature=None, **kwargs):
+    """Keras's `model.export`: writes `export_saved_model(filepath)`.
+
+    The SavedModel serves `serving_default` (the network) and `exit_k`
+    (each early exit), each `{"logits": ...}` from `{"inputs": ...}`.
+    Other formats, an `input_signature` or other arguments are refused in
+    one line that names `export_saved_model`.
+
+    Returns:
+      The export's path.
+    """
+    keras_habits.check_export(format, input_signature, kwargs)
+    path = self.export_saved_model(filepath)
+    if verbose or verbose is None:
+      print(f"Saved artifact at {path!r}: signatures 'serving_default' and "
+            f"'exit_k', inputs 'inputs', output 'logits'.")
+    return path
 
   def get_config(self):
     config = super().get_config()

@@ -13,6 +13,7 @@ that no other file of tf_interlock/ or layers/ reads these names.
 """
 
 import contextlib
+import io
 
 import keras
 
@@ -134,3 +135,94 @@ def metric_function(metric):
   fn = getattr(metric, "_fn", None)
   kwargs = dict(getattr(metric, "_fn_kwargs", {}) or {}) if fn else {}
   return fn, kwargs
+
+
+def save_layer_state(layer):
+  """Everything `model.save` would write of `layer`, held in memory.
+
+  Touches `keras.src.saving.saving_lib`: `_save_state` with an in-memory
+  `H5IOStore`, and `_save_assets_to_dict`. Keras's saving walk is the only
+  one that calls each nested layer's own `save_own_variables` and
+  `save_assets` hooks: an adapted `Normalization` keeps its statistics in
+  variables whose load hook recomputes the tensors `call` uses
+  (`finalize_state`), and a `StringLookup`'s adapted vocabulary lives in a
+  lookup table, not a variable, which only `save_assets` writes. The public
+  `save_weights`/`load_weights` take a file path and a whole model; a
+  `from_keras` piece holds one layer of the user's model.
+
+  Returns:
+    (weights, assets): the bytes of an H5 weights file, and Keras's nested
+    dict of asset files (None without assets).
+  """
+  from keras.src.saving import saving_lib  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  buffer = io.BytesIO()
+  store = saving_lib.H5IOStore(buffer, mode="w")
+  try:
+    saving_lib._save_state(  # pylint: disable=protected-access
+        layer, weights_store=store, assets_store=None, inner_path="",
+        visited_saveables=set())
+  finally:
+    store.close()
+  assets = None
+  if any(hasattr(inner, "save_assets")
+         for inner in [layer] + flatten_layers(layer)):
+    assets = saving_lib._save_assets_to_dict(layer)  # pylint: disable=protected-access
+  return buffer.getvalue(), assets
+
+
+def load_layer_state(layer, state):
+  """Loads `save_layer_state`'s result into a layer of the same config.
+
+  Touches `saving_lib._load_state` and `_load_assets_from_dict`, as
+  `keras.models.load_model` loads each layer: every load hook runs.
+  """
+  from keras.src.saving import saving_lib  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  weights, assets = state
+  store = saving_lib.H5IOStore(io.BytesIO(weights), mode="r")
+  try:
+    saving_lib._load_state(  # pylint: disable=protected-access
+        layer, weights_store=store, assets_store=None, inner_path="",
+        visited_saveables=set())
+  finally:
+    store.close()
+  if assets:
+    saving_lib._load_assets_from_dict(layer, assets)  # pylint: disable=protected-access
+
+
+def metric_direction(metric):
+  """"up", "down" or None: which way a Keras metric object improves.
+
+  Touches `Metric._direction`, set by Keras's own metrics (the accuracies:
+  "up"). Keras has no public accessor; its callbacks read it.
+  """
+  return getattr(metric, "_direction", None)
+
+
+def monitorable(trackers):
+  """A metric listing `trackers` where Keras's callbacks look for them.
+
+  `MonitorCallback._set_monitor_op` (EarlyStopping, ModelCheckpoint,
+  ReduceLROnPlateau with mode="auto") finds the direction of `monitor`
+  only among the metrics of a `compile_utils.CompileMetrics` or
+  `MetricsList` in `model.metrics`, by name, from their `_direction`
+  (Keras 3.15's monitor_callback.py); it has no public hook.
+
+  Args:
+    trackers: [(a Keras `Mean` tracker, "up" or "down")]; each tracker's
+      `_direction` is set.
+
+  Returns:
+    A `MetricsList` over the trackers whose `result()` is their results
+    by name, as `model.get_metrics_result()` expects of a metric.
+  """
+  from keras.src.trainers import compile_utils  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+
+  class Directions(compile_utils.MetricsList):
+
+    def result(self):
+      return self.get_result()
+
+  for tracker, direction in trackers:
+    tracker._direction = direction  # pylint: disable=protected-access
+  return Directions([tracker for tracker, _ in trackers],
+                    name="monitor_directions")

@@ -29,6 +29,7 @@ from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
 from tf_interlock import keras_private
+from tf_interlock import layer_state
 from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
@@ -42,8 +43,10 @@ class KerasSegment(keras.layers.Layer):
   Args:
     model_config: `get_config()` of the functional sub-model (its own
       InputLayer first).
-    initial_weights: optional {layer name: that layer's `get_weights()`},
-      copied into the new layers right after the build.
+    initial_weights: optional {layer name: that layer's
+      `layer_state.snapshot`}, put into the new layers right after the
+      build (weights, adapted preprocessing state, `trainable` at every
+      depth).
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
@@ -65,18 +68,22 @@ class KerasSegment(keras.layers.Layer):
     self.model = None
 
   def build(self, input_shape):
-    # from_config calls the new layers on a symbolic input: their weights
-    # are created here, under the caller's (module k's) device scope.
-    self.model = _from_config(self.model_config, self._custom_objects())
+    # Out of any function being traced: a layer's state may be tensors
+    # computed when it is loaded (an adapted Normalization's mean), which
+    # must not belong to a graph. The device scope is kept.
+    with tf.init_scope():
+      # from_config calls the new layers on a symbolic input: their weights
+      # are created here, under the caller's (module k's) device scope.
+      self.model = _from_config(self.model_config, self._custom_objects())
+      if self._initial_weights is not None:
+        for layer_name, state in self._initial_weights.items():
+          layer_state.restore(self.model.get_layer(layer_name), state)
+        self._initial_weights = None
     if not self.trainable:
       # Frozen before its layers existed (e.g. `model.modules[0].trainable
       # = False` before the first build): freeze them too, so that a
       # BatchNormalization inside runs in inference mode, as Keras does.
       self.model.trainable = False
-    if self._initial_weights is not None:
-      for layer_name, values in self._initial_weights.items():
-        self.model.get_layer(layer_name).set_weights(values)
-      self._initial_weights = None
 
   @property
   def model_config(self):
@@ -515,8 +522,9 @@ def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
     piece = _segment_config(config, layers, start, stop,
                             _input_of(graph, nodes, start),
                             f"{name}_piece{k}")
-    weights = {layer.name: layer.get_weights()
-               for layer in layers[start:stop] if layer.weights}
+    piece = layer_state.with_vocabularies(piece, layers[start:stop])
+    weights = {layer.name: layer_state.snapshot(layer)
+               for layer in layers[start:stop]}
     body = KerasSegment(piece, weights, _layer_classes(graph),
                         name=f"{name}_segment{k}")
     head = None
