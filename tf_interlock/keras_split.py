@@ -28,6 +28,7 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
+from tf_interlock import keras_nodes
 from tf_interlock import keras_private
 from layers import partition
 
@@ -486,7 +487,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       costs = _timed_costs(pieces, sample, _layer_classes(graph))
     else:
       per_layer = [layer_flops(layer, node) if balance == "flops"
-                   else layer.count_params()
+                   else keras_nodes.count_params(layer)
                    for layer, node in zip(layers, nodes)]
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
     counts = partition.balanced_split(costs, num_modules)
@@ -515,8 +516,8 @@ def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
     piece = _segment_config(config, layers, start, stop,
                             _input_of(graph, nodes, start),
                             f"{name}_piece{k}")
-    weights = {layer.name: layer.get_weights()
-               for layer in layers[start:stop] if layer.weights}
+    weights = {layer.name: keras_nodes.weight_values(layer)
+               for layer in layers[start:stop] if keras_nodes.weights(layer)}
     body = KerasSegment(piece, weights, _layer_classes(graph),
                         name=f"{name}_segment{k}")
     head = None
