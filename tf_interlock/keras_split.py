@@ -28,6 +28,7 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
+from tf_interlock import keras_flatten
 from tf_interlock import keras_nodes
 from tf_interlock import keras_private
 from layers import partition
@@ -446,6 +447,12 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   """
   fit_arguments.check_from_keras(model, num_modules)
   graph, layers, nodes = _graph(model)
+  name = name or model.name
+  if keras_flatten.has_nested_models(model):
+    # Nested functional and Sequential models are inlined, so that cuts may
+    # go inside them (the transfer-learning idiom: keras_flatten).
+    model = keras_flatten.flatten(model, _layer_classes(model))
+    graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
                      f"Received: balance={balance!r}")
@@ -453,7 +460,6 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       callable(aux_head) and not isinstance(aux_head, str))):
     raise ValueError(f"aux_head must be one of {AUX_HEAD_KINDS}, a callable "
                      f"or None. Received: aux_head={aux_head!r}")
-  name = name or model.name
   config = graph.get_config()
   crossing = _crossings(nodes, graph.inputs[0], graph.outputs[0])
   valid = [c for c in range(len(crossing)) if len(crossing[c]) == 1]
