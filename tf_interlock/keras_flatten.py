@@ -56,7 +56,7 @@ def _map_histories(value, fn):
   return value
 
 
-def _tensor_refs(refs):
+def tensor_refs(refs):
   """[name, node, tensor] triples of a config's input or output layers.
 
   Keras writes one tensor flat, several as a list and named ones as a dict
@@ -130,9 +130,9 @@ def _inline(graph, taken):
     taken.update(e["name"] for e in inner_config["layers"])
     inner_entries = _renamed(inner_config["layers"], rename)
     inputs = [[rename.get(r[0], r[0])] + r[1:]
-              for r in _tensor_refs(inner_config["input_layers"])]
+              for r in tensor_refs(inner_config["input_layers"])]
     outputs = [[rename.get(r[0], r[0])] + r[1:]
-               for r in _tensor_refs(inner_config["output_layers"])]
+               for r in tensor_refs(inner_config["output_layers"])]
     fed = _call_tensors(calls[0]["args"])
     if len(fed) != len(inputs):
       raise ValueError(
