@@ -26,6 +26,7 @@ import tensorflow as tf
 from tf_interlock import evaluation
 from tf_interlock import exits as exits_lib
 from tf_interlock import input_nest
+from tf_interlock import losses
 from tf_interlock import metric_names
 
 
@@ -54,12 +55,19 @@ def weighted(loss_fn):
 
   `fit` passes sample weights along with the labels. The engine averages
   the weighted per-example losses over the global batch, which is Keras's
-  default reduction: sum(w * loss) / batch size.
+  default reduction: sum(w * loss) / batch size. Weights per position
+  ([B, T], what keras_hub's preprocessors give to mask padding) weigh each
+  position's loss before the mean over positions, so that the loss is
+  Keras's sum(w * loss) / (B * T) and a padded position counts nowhere.
   """
   def loss_with_weights(labels, logits):
     if not isinstance(labels, tuple):
       return loss_fn(labels, logits)
     y, sample_weight = labels
+    if sample_weight.shape.rank and sample_weight.shape.rank > 1:
+      values = loss_fn.per_position(y, logits)
+      return losses.mean_over_non_batch_axes(
+          values * tf.cast(sample_weight, values.dtype))
     values = loss_fn(y, logits)
     return values * tf.reshape(tf.cast(sample_weight, values.dtype),
                                tf.shape(values))

@@ -44,6 +44,20 @@ def has_nested_models(model):
       _nested_graph(op) is not None for op in graph.operations)
 
 
+def _graph_config(graph):
+  """The functional config (layers and their calls) of a `Functional`.
+
+  A subclass with its own constructor (every keras_hub `Backbone`) gives
+  its constructor's arguments as `get_config`; a plain functional model
+  over the same tensors (no layer is called again, so no node is added)
+  gives the layer graph.
+  """
+  config = graph.get_config()
+  if "layers" in config:
+    return config
+  return keras.Model(graph.input, graph.output, name=graph.name).get_config()
+
+
 def _map_histories(value, fn):
   """A copy of a config with each keras_history h replaced by fn(h)."""
   if isinstance(value, dict):
@@ -107,7 +121,7 @@ def _inline(graph, taken):
     The flat functional config and {name in it: the source layer or
     operation}, for copying weights.
   """
-  config = graph.get_config()
+  config = _graph_config(graph)
   operations = {op.name: op for op in graph.operations}
   taken.update(entry["name"] for entry in config["layers"])
   entries, sources, redirect = [], {}, {}
@@ -194,6 +208,18 @@ def flatten(model, custom_objects):
     return model
   graph = keras_private.functional_graph(model)
   config, sources = _inline(graph, set())
+  seen = {}
+  for name, source in sources.items():
+    if id(source) in seen and keras_nodes.weights(source):
+      # A tie (keras_hub's CausalLM heads reuse the token embedding,
+      # reverse=True): two copies here would train apart, silently.
+      raise ValueError(
+          f"Layer {source.name!r} is called both inside a nested model and "
+          f"outside it (tied weights, e.g. an input embedding reused as the "
+          f"output head); from_keras cannot place one layer on two devices. "
+          f"Received: model={model.name!r}, calls named "
+          f"{[seen[id(source)], name]}")
+    seen[id(source)] = name
   flat = keras.Model.from_config(config, custom_objects=custom_objects)
   for name, source in sources.items():
     if keras_nodes.weights(source):
