@@ -73,11 +73,12 @@ def _map_histories(value, fn):
 def tensor_refs(refs):
   """[name, node, tensor] triples of a config's input or output layers.
 
-  Keras writes one tensor flat, several as a list and named ones as a dict
-  (in the dict's order, which is also the order of the call's tensors).
+  Keras writes one tensor flat, several as a list and named ones as a dict,
+  whose tensors a model's outputs number in sorted key order (as
+  `keras.tree.flatten` does).
   """
   if isinstance(refs, dict):
-    return [list(r) for r in refs.values()]
+    return [list(refs[key]) for key in sorted(refs)]
   return [list(refs)] if isinstance(refs[0], str) else [list(r) for r in refs]
 
 
@@ -148,7 +149,14 @@ def _inline(graph, taken):
     outputs = [[rename.get(r[0], r[0])] + r[1:]
                for r in tensor_refs(inner_config["output_layers"])]
     fed = _call_tensors(calls[0]["args"])
-    if len(fed) != len(inputs):
+    called_with = calls[0]["args"][0] if calls[0]["args"] else None
+    if (isinstance(inner_config["input_layers"], dict) and
+        isinstance(called_with, dict) and
+        set(called_with) == set(inner_config["input_layers"])):
+      # A dict of inputs is matched by key, whatever the caller's order.
+      fed = [_call_tensors(called_with[key])[0]
+             for key in sorted(called_with)]
+    elif len(fed) != len(inputs):
       raise ValueError(
           f"Nested model {operation.name!r} has {len(inputs)} inputs but is "
           f"called with {len(fed)} tensors; from_keras cannot inline it. "
