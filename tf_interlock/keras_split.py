@@ -5,10 +5,14 @@
 holds the layers between two cuts, every module but the last gets an
 auxiliary head A_k, and the last one ends with the model's own output.
 
-Interlocking moves exactly one activation h_k forward and one cotangent
-dL/dh_k back across each module boundary, so a cut is only allowed where a
-single tensor crosses it: between two residual blocks, not inside one (the
-skip connection would be a second tensor).
+Interlocking moves one activation h_k forward and one cotangent dL/dh_k
+back across each module boundary, so a cut is only allowed where a single
+floating-point tensor crosses it: between two residual blocks, not inside
+one (the skip connection would be a second one). Integer and boolean
+tensors (a padding mask, segment ids) may cross too: they ride along the
+boundary as a nest, without a cotangent (`layers.boundary`). Raw
+`keras.Operation`s stand where layers may (`keras_nodes`), and nested
+functional models are inlined first (`keras_flatten`).
 
 The user's model is already built, so its weights live wherever they were
 created (usually CPU:0), and a later device scope does not move them. The
@@ -440,7 +444,8 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
                name=None):
   """Splits a Sequential or functional Keras model into K modules.
 
-  Cuts go only where one tensor crosses. With `split=None` the model is cut
+  Cuts go only where one floating-point tensor crosses (with any integer
+  or boolean ones: masks, ids). With `split=None` the model is cut
   into blocks at such places, never between a layer and the
   normalisation, activation or merge that takes over its output, and with
   a nonlinearity in every block (`keras_blocks.block_ends`: in practice
@@ -450,7 +455,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
 
   Args:
     model: a built `keras.Sequential` (starting with `keras.Input`) or a
-      functional `keras.Model`, one input and one output. Left unchanged.
+      functional `keras.Model` with one output and one input or several
+      (a list or a dict); nested functional and Sequential models are
+      looked into. Left unchanged.
     num_modules: K >= 1.
     split: optional explicit split: K layer counts (over `model.layers`
       without the InputLayer), or K - 1 layer names to cut after.
