@@ -263,8 +263,8 @@ class InterlockStep:
       # whose window reaches K-1.
       lo = plan.loss_low[k]
       if lo is not None:
-        streams[lo] = (record.own_cot if lo not in streams
-                       else _add([streams[lo], record.own_cot]))
+        streams[lo] = (record.own_cot if lo not in streams else
+                       [a + b for a, b in zip(streams[lo], record.own_cot)])
       # theta_k's gradient is taken of the losses of the streams that train
       # it (window n, Gomez et al. 2022, Sec. 3): "only", dL_target(k)/dtheta_k;
       # "sum", d(L_k + ... + L_target(k))/dtheta_k. VJPs are linear, so one
