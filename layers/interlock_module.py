@@ -14,7 +14,8 @@ each module run on its own core.
 """
 
 import keras
-import tensorflow as tf
+
+from layers import boundary
 
 
 def _as_layer(body, name):
@@ -45,7 +46,9 @@ class InterlockModule(keras.layers.Layer):
     **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
   Call arguments:
-    inputs: the previous module's output h_{k-1} (or the network input).
+    inputs: the previous module's output h_{k-1} (or the network input):
+      one tensor, or a nest whose integer and boolean leaves (masks, ids)
+      ride along without gradients (`layers.boundary`).
     training: Python bool, passed to the body and the head.
 
   Returns:
@@ -84,17 +87,19 @@ class InterlockModule(keras.layers.Layer):
     if not self.body.built:
       self.body.build(input_shape)
     if self.aux_head is not None and not self.aux_head.built:
-      self.aux_head.build(self.body.compute_output_shape(input_shape))
+      self.aux_head.build(boundary.primary_shape(
+          self.body.compute_output_shape(input_shape)))
 
   def forward(self, inputs, training=False):
     """h_k = M_k(stop_gradient(h_{k-1})): the body alone, input cut."""
-    return self.body(tf.stop_gradient(inputs), training=training)
+    return self.body(boundary.cut(inputs), training=training)
 
   def aux_logits(self, outputs, training=False):
-    """A_k(h_k): the auxiliary head's logits for this module's output."""
+    """A_k(h_k): the auxiliary head's logits for this module's output (its
+    primary tensor when the output is a nest, `layers.boundary`)."""
     if self.aux_head is None:
       raise ValueError(f"Module {self.name!r} has no auxiliary head.")
-    return self.aux_head(outputs, training=training)
+    return self.aux_head(boundary.primary(outputs), training=training)
 
   def call(self, inputs, training=False):
     return self.forward(inputs, training=training)

@@ -48,6 +48,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from layers import boundary
 from tf_interlock import metric_names
 from tf_interlock import module_functions
 from tf_interlock import no_gradient
@@ -67,6 +68,7 @@ def _poison_unless_finite(grads, sent):
   cotangents module k sends back into that check makes an overflow inside
   module k lower module k's own scale (see the module docstring).
   """
+  sent = [t for cotangents in sent for t in cotangents]
   checks = [tf.reduce_all(tf.math.is_finite(t)) for t in grads + sent]
   finite = tf.reduce_all(tf.stack(checks))
   first = grads[0]
@@ -81,12 +83,15 @@ class _Forward:
   Attributes:
     tape: the persistent tape that watched theta_k (and x_k) while the body
       ran; every VJP of module k is taken on it.
-    x: x_k = stop_gradient(h_{k-1}), the cut input (the features for k = 0).
-    h: h_k = M_k(x_k).
+    x: x_k = stop_gradient(h_{k-1}), the cut input (the features for k = 0);
+      one tensor or a nest (`layers.boundary`).
+    h: h_k = M_k(x_k), one tensor or a nest.
     reg: the body's regularization loss, scaled to this replica's share, or
       None when it has none.
     own_cot: S_k dL_k/dh_k when L_k trains some theta (always so for the
-      true loss L_{K-1}), else None.
+      true loss L_{K-1}), else None: a list aligned with
+      `boundary.differentiable(h)` (zero but at the aux head's input), as
+      every cotangent in the engine is.
     phi_grads: S_k dL_k/dphi_k, aligned with the aux head's trainable
       variables ([] without an aux head).
   """
@@ -202,16 +207,17 @@ class InterlockStep:
     module, place = self.modules[k], self.placement
     last = k == len(self.modules) - 1
     with place.scope(k):
-      x = tf.stop_gradient(h_prev)
+      x = boundary.cut(h_prev)
       # The tape watches the variables the body reads (theta_k) and, to
-      # produce input VJPs, the cut input x_k.
+      # produce input VJPs, the cut input x_k (its floating-point leaves:
+      # masks and ids get no cotangent).
       with tf.GradientTape(persistent=True) as tape:
         if k > 0:
-          tape.watch(x)
+          tape.watch(boundary.differentiable(x))
         # One traced function per module (`module_functions`): the
         # unrolled steps call it instead of re-tracing the body.
         h, reg = self.functions.body(k, x)
-        h = place.annotate(h, k)
+        h = tf.nest.map_structure(lambda t: place.annotate(t, k), h)
         reg = None if reg is None else tf.nn.scale_regularization_loss(reg)
         if last:
           # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
@@ -221,7 +227,7 @@ class InterlockStep:
                                        metrics), scale)
       own_cot, phi_grads = None, []
       if last:
-        own_cot = tape.gradient(loss, h)
+        own_cot = [tape.gradient(loss, h)]
       elif module.has_aux_head:
         # L_k = loss(A_k(h_k), y): phi_k's gradient, and dL_k/dh_k when L_k
         # trains some theta.
@@ -257,8 +263,8 @@ class InterlockStep:
       # whose window reaches K-1.
       lo = plan.loss_low[k]
       if lo is not None:
-        streams[lo] = (record.own_cot if lo not in streams
-                       else streams[lo] + record.own_cot)
+        streams[lo] = (record.own_cot if lo not in streams else
+                       [a + b for a, b in zip(streams[lo], record.own_cot)])
       # theta_k's gradient is taken of the losses of the streams that train
       # it (window n, Gomez et al. 2022, Sec. 3): "only", dL_target(k)/dtheta_k;
       # "sum", d(L_k + ... + L_target(k))/dtheta_k. VJPs are linear, so one
@@ -266,8 +272,10 @@ class InterlockStep:
       # regularization loss adds its own gradient (cotangent S_k).
       body_vars = module.body.trainable_variables
       weight_keys = plan.weight_keys[k]
-      targets = [record.h]
-      target_cots = [tf.add_n([streams[key] for key in weight_keys])]
+      outputs, inputs = (boundary.differentiable(record.h),
+                         boundary.differentiable(record.x))
+      targets = list(outputs)
+      target_cots = _add([streams[key] for key in weight_keys])
       if record.reg is not None:
         targets.append(record.reg)
         target_cots.append(_scaled(tf.ones_like(record.reg), scale))
@@ -275,33 +283,34 @@ class InterlockStep:
       # k - 1 (always so end to end), one backward pass gives both the
       # weight and the input VJP and shares the work through the body.
       fused = len(weight_keys) == 1 and weight_keys[0] in plan.vjp_keys[k]
-      sources = body_vars + ([record.x] if fused else [])
+      sources = body_vars + (inputs if fused else [])
       got = record.tape.gradient(targets, sources,
                                  output_gradients=target_cots)
       theta_grads = _zeros_like_none(got[:len(body_vars)], body_vars)
-      outgoing = {weight_keys[0]: got[-1]} if fused else {}
+      outgoing = ({weight_keys[0]: got[len(body_vars):]} if fused else {})
       # Each other stream that trains a module below k crosses the boundary
       # as its input VJP, dL/dx_k = (dh_k/dx_k)^T dL/dh_k.
       for key in plan.vjp_keys[k]:
         if key not in outgoing:
           outgoing[key] = record.tape.gradient(
-              record.h, record.x, output_gradients=streams[key])
-      outgoing = {key: place.annotate(self._cotangent(k, record, value), k)
+              outputs, inputs, output_gradients=streams[key])
+      outgoing = {key: [place.annotate(self._cotangent(k, record, x, v), k)
+                        for x, v in zip(inputs, value)]
                   for key, value in outgoing.items()}
       grads = theta_grads + record.phi_grads
       if scale is not None:
         grads = _poison_unless_finite(grads, list(outgoing.values()))
     return grads, outgoing
 
-  def _cotangent(self, k, record, value):
-    """dL/dx_k, or zero when a layer without a gradient cuts it (warned
-    once per module, naming the layer: `no_gradient`)."""
+  def _cotangent(self, k, record, x, value):
+    """dL/dx for one leaf x of x_k, or zero when a layer without a gradient
+    cuts it (warned once per module, naming the layer: `no_gradient`)."""
     if value is not None:
       return value
     if k not in self._warned_no_gradient:
       self._warned_no_gradient.add(k)
       no_gradient.warn(k, self.modules[k], record.x)
-    return tf.zeros_like(record.x)
+    return tf.zeros_like(x)
 
   def _aux_backward(self, k, module, h, labels, global_batch_size, metrics,
                     scale):
@@ -309,18 +318,24 @@ class InterlockStep:
     theta."""
     phi = module.aux_head.trainable_variables
     starts_stream = self.plan.loss_low[k] is not None
+    # The head reads the boundary's primary tensor (the hidden state).
+    read = boundary.primary(h)
     with tf.GradientTape() as tape:
       if starts_stream:
-        tape.watch(h)
+        tape.watch(read)
       # Without a stream (e.g. every head in end-to-end training) the head
       # reads a detached h_k: a probe that can never reach theta.
-      logits = module.aux_head(h if starts_stream else tf.stop_gradient(h),
-                               training=True)
+      logits = module.aux_head(
+          read if starts_stream else tf.stop_gradient(read), training=True)
       loss = _scaled(self.own_loss(k, logits, labels, global_batch_size,
                                    metrics), scale)
     if starts_stream:
-      grads = tape.gradient(loss, phi + [h])
-      return grads[-1], _zeros_like_none(grads[:-1], phi)
+      grads = tape.gradient(loss, phi + [read])
+      # Zero for every other differentiable leaf: only the primary one
+      # reaches L_k.
+      own_cot = [grads[-1] if t is read else tf.zeros_like(t)
+                 for t in boundary.differentiable(h)]
+      return own_cot, _zeros_like_none(grads[:-1], phi)
     return None, _zeros_like_none(tape.gradient(loss, phi), phi)
 
 
@@ -331,15 +346,22 @@ def _scaled(value, scale):
   return value * tf.cast(scale, value.dtype)
 
 
-def _rescale(cotangent, to_scale, from_scale):
-  """A cotangent at scale `from_scale` re-expressed at scale `to_scale`.
+def _add(cotangents):
+  """The sum of several cotangents, leaf by leaf (lists aligned with one
+  boundary's differentiable leaves)."""
+  return [tf.add_n(list(leaves)) for leaves in zip(*cotangents)]
+
+
+def _rescale(cotangents, to_scale, from_scale):
+  """Cotangents at scale `from_scale` re-expressed at scale `to_scale`.
 
   The ratio is applied in float32: S_k / S_{k+1} may exceed float16's range
   although the rescaled cotangent does not.
   """
   ratio = tf.cast(1.0 if to_scale is None else to_scale, tf.float32) / (
       tf.cast(1.0 if from_scale is None else from_scale, tf.float32))
-  return tf.cast(tf.cast(cotangent, tf.float32) * ratio, cotangent.dtype)
+  return [tf.cast(tf.cast(c, tf.float32) * ratio, c.dtype)
+          for c in cotangents]
 
 
 def make_plan_for(modules, strategy):

@@ -39,9 +39,28 @@ _EXIT_PREFIX = "exit_"
 _INPUT_NAME = "inputs"
 
 
-def _head_fn(modules, k):
+def _named_specs(input_spec):
+  """(flat named specs, inputs from the flat arguments) of the network input.
+
+  One tensor is the argument "inputs"; a dict of inputs is one argument
+  per key, named by it (sorted), and a list one per input, "inputs_{i}".
+  """
+  if isinstance(input_spec, dict):
+    keys = sorted(input_spec)
+    return ([tf.TensorSpec(input_spec[key].shape, input_spec[key].dtype,
+                           name=key) for key in keys],
+            lambda args: dict(zip(keys, args)))
+  if isinstance(input_spec, (list, tuple)):
+    return ([tf.TensorSpec(s.shape, s.dtype, name=f"{_INPUT_NAME}_{i}")
+             for i, s in enumerate(input_spec)], list)
+  return ([tf.TensorSpec(input_spec.shape, input_spec.dtype,
+                         name=_INPUT_NAME)], lambda args: args[0])
+
+
+def _head_fn(modules, k, rebuild):
   """The Python function served by one signature: exit k (None: K)."""
-  def serve(inputs):
+  def serve(*args):
+    inputs = rebuild(args)
     # A device function returning "" overrides every device scope, the
     # caller's and any inside the layers, for each op created below it.
     with tf.compat.v1.get_default_graph().device(lambda op: ""):
@@ -71,14 +90,14 @@ def _check_device_free(name, concrete):
 
 def _signatures(modules, input_spec):
   """Traces the concrete function of every signature, keyed by name."""
-  spec = tf.TensorSpec(input_spec.shape, input_spec.dtype, name=_INPUT_NAME)
+  specs, rebuild = _named_specs(input_spec)
   heads = {SERVING_KEY: None}
   heads.update({f"{_EXIT_PREFIX}{k}": k
                 for k in exits_lib.exit_indices(modules)})
   signatures = {}
   for name, k in heads.items():
-    concrete = tf.function(_head_fn(modules, k),
-                           input_signature=[spec]).get_concrete_function()
+    concrete = tf.function(_head_fn(modules, k, rebuild),
+                           input_signature=specs).get_concrete_function()
     _check_device_free(name, concrete)
     signatures[name] = concrete
   return signatures
@@ -118,7 +137,9 @@ def export_saved_model(modules, input_spec, export_dir, *, owner=None,
   Args:
     modules: the K built `InterlockModule`s, in depth order.
     input_spec: `tf.TensorSpec` of the network input, batch axis included
-      (usually None), e.g. `tf.TensorSpec([None, 32, 32, 3], tf.float32)`.
+      (usually None), e.g. `tf.TensorSpec([None, 32, 32, 3], tf.float32)`;
+      for a model of several inputs a dict (or list) of them, served as
+      one named argument each.
     export_dir: directory to create (local path or URL).
     owner: an id (e.g. a training run's) written into the marker; an
       existing export is replaced only if its marker names the same owner.
@@ -133,9 +154,10 @@ def export_saved_model(modules, input_spec, export_dir, *, owner=None,
   if not modules:
     raise ValueError("Need at least one module to export. Received: "
                      "modules=[]")
-  if not isinstance(input_spec, tf.TensorSpec):
-    raise TypeError(f"input_spec must be a tf.TensorSpec. Received: "
-                    f"input_spec={input_spec!r}")
+  if not all(isinstance(s, tf.TensorSpec)
+             for s in tf.nest.flatten(input_spec)):
+    raise TypeError(f"input_spec must be a tf.TensorSpec (or a dict or list "
+                    f"of them). Received: input_spec={input_spec!r}")
   export_dir_lib.check_export_target(export_dir, owner)  # before tracing
   root = tf.Module(name="interlock_export")
   # Named attributes, not a list: Keras 3 layers in a Python list attribute

@@ -24,6 +24,8 @@ An explicit `split=` may still cut at any single-tensor place.
 
 import keras
 
+from tf_interlock import keras_nodes
+
 _NORMALIZATIONS = (keras.layers.BatchNormalization,
                    keras.layers.LayerNormalization,
                    keras.layers.GroupNormalization,
@@ -68,8 +70,12 @@ def is_nonlinear(layer):
 
   Activations, max pooling and layers with a non-linear `activation=` do;
   affine layers, normalisations, merges and reshapes do not. Any other
-  layer (e.g. a residual block or a nested model) is taken to hold one.
+  layer (e.g. a residual block or a nested model) is taken to hold one. A
+  raw `keras.Operation` is nonlinear only when it is an activation or an
+  elementwise nonlinear function (`keras_nodes.is_nonlinear_op`).
   """
+  if not keras_nodes.is_layer(layer):
+    return keras_nodes.is_nonlinear_op(layer)
   if isinstance(layer, keras.layers.Activation):
     return _activation_name(layer) != "linear"
   if isinstance(layer, _ACTIVATIONS + _MAX_POOLS):
@@ -79,10 +85,16 @@ def is_nonlinear(layer):
   return True
 
 
+def _is_merge(layer):
+  """A merge layer or its raw-operation counterpart (`x + y`, `x / c`)."""
+  return isinstance(layer, _MERGES) or keras_nodes.is_merge_op(layer)
+
+
 def _takes_over(layer, node, tensor):
   """Whether `layer` (at `node`) post-processes `tensor`: a normalisation,
   activation or merge that reads it."""
-  return (isinstance(layer, _NORMALIZATIONS + _ACTIVATIONS + _MERGES) and
+  return ((isinstance(layer, _NORMALIZATIONS + _ACTIVATIONS) or
+           _is_merge(layer)) and
           any(t is tensor for t in node.input_tensors))
 
 
@@ -105,12 +117,12 @@ def block_ends(layers, nodes, crossing):
       continue
     tensor = crossing[c][0][0]
     nxt = c + 1
-    producer_is_merge = isinstance(layers[c], _MERGES) and any(
+    producer_is_merge = _is_merge(layers[c]) and any(
         t is tensor for t in nodes[c].output_tensors)
     if _takes_over(layers[nxt], nodes[nxt], tensor) and not (
-        producer_is_merge and not isinstance(layers[nxt], _MERGES)):
+        producer_is_merge and not _is_merge(layers[nxt])):
       continue
-    if not layers[nxt].weights:
+    if not keras_nodes.weights(layers[nxt]):
       continue  # A block without weights joins the block before it.
     ends.append(nxt)
   ends.append(len(layers))

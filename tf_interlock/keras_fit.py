@@ -25,6 +25,8 @@ import tensorflow as tf
 
 from tf_interlock import evaluation
 from tf_interlock import exits as exits_lib
+from tf_interlock import input_nest
+from tf_interlock import losses
 from tf_interlock import metric_names
 
 
@@ -53,12 +55,19 @@ def weighted(loss_fn):
 
   `fit` passes sample weights along with the labels. The engine averages
   the weighted per-example losses over the global batch, which is Keras's
-  default reduction: sum(w * loss) / batch size.
+  default reduction: sum(w * loss) / batch size. Weights per position
+  ([B, T], what keras_hub's preprocessors give to mask padding) weigh each
+  position's loss before the mean over positions, so that the loss is
+  Keras's sum(w * loss) / (B * T) and a padded position counts nowhere.
   """
   def loss_with_weights(labels, logits):
     if not isinstance(labels, tuple):
       return loss_fn(labels, logits)
     y, sample_weight = labels
+    if sample_weight.shape.rank and sample_weight.shape.rank > 1:
+      values = loss_fn.per_position(y, logits)
+      return losses.mean_over_non_batch_axes(
+          values * tf.cast(sample_weight, values.dtype))
     values = loss_fn(y, logits)
     return values * tf.reshape(tf.cast(sample_weight, values.dtype),
                                tf.shape(values))
@@ -192,7 +201,7 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
   if x is None or y is None:
     raise ValueError("fit needs x and y arrays, or a dataset of (features, "
                      "labels). Received: y=None")
-  num = len(x)
+  num = input_nest.num_examples(x)
   if sample_weight is not None and len(sample_weight) != num:
     raise ValueError(f"sample_weight needs one weight per example ({num}). "
                      f"Received: len(sample_weight)={len(sample_weight)}")
@@ -202,9 +211,9 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
                        f"validation_data. Received: "
                        f"validation_split={validation_split}")
     cut = int(math.floor(num * (1.0 - validation_split)))
-    validation_data = (x[cut:], y[cut:]) + (
+    validation_data = (input_nest.sliced(x, cut), y[cut:]) + (
         () if sample_weight is None else (sample_weight[cut:],))
-    x, y, num = x[:cut], y[:cut], cut
+    x, y, num = input_nest.sliced(x, None, cut), y[:cut], cut
     if sample_weight is not None:
       sample_weight = sample_weight[:cut]
   batch_size = batch_size or 32
@@ -215,6 +224,7 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
     warnings.warn(f"Each epoch skips {num % batch_size} of {num} examples: "
                   f"interlocking steps need full batches of {batch_size}.",
                   stacklevel=3)
+  x = input_nest.as_slices(x)
   dataset = tf.data.Dataset.from_tensor_slices(
       (x, y) if sample_weight is None else (
           x, (y, np.asarray(sample_weight, dtype="float32"))))

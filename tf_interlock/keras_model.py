@@ -38,6 +38,7 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
+from tf_interlock import input_nest
 from tf_interlock import keras_habits
 from tf_interlock import keras_fit
 from tf_interlock import keras_metrics
@@ -166,18 +167,17 @@ class InterlockModel(keras.Model):
 
   def build(self, input_shape):
     """Creates module k's weights under module k's device scope."""
-    dtype = self._input_dtype or "float32"
-    h = tf.zeros([1] + list(input_shape)[1:], dtype=dtype)
+    # One input, or a nest of them (input_nest): a shape per input.
+    h = input_nest.zeros(input_shape, self._input_dtype)
     with self._distribute.scope():
       exits_lib.build(self.interlock_modules, h, scope=self._scope)
-    self._input_shape = tuple(input_shape)
+    self._input_shape = input_nest.as_tuples(input_shape)
     self._build_trainer_slots(input_shape)
 
   def _build_trainer_slots(self, input_shape):
     """Builds the optimizers (and checks placement) once both exist."""
     if self.trainer is not None and not self._slots_built:
-      dtype = self._input_dtype or "float32"
-      self.trainer.build(tf.zeros([1] + list(input_shape)[1:], dtype=dtype))
+      self.trainer.build(input_nest.zeros(input_shape, self._input_dtype))
       self._slots_built = True
 
   def get_build_config(self):
@@ -191,12 +191,12 @@ class InterlockModel(keras.Model):
     self.build(config["input_shape"])
 
   def _ensure_built(self, features):
-    features = tf.convert_to_tensor(features)
-    self._input_dtype = features.dtype.name
+    self._input_dtype = input_nest.dtype_of(features)
+    shape = input_nest.shape_of(features)
     if not self.built:
-      self.build(features.shape)
+      self.build(shape)
     else:
-      self._build_trainer_slots(features.shape)
+      self._build_trainer_slots(shape)
 
   def call(self, inputs, training=False):
     return self._forward(inputs, None, training)
@@ -364,13 +364,13 @@ class InterlockModel(keras.Model):
         keras_fit.training_dataset(
             x, y, batch_size, shuffle, steps_per_epoch, validation_split,
             validation_data, sample_weight=sample_weight,
-            input_shape=(self._input_shape
+            input_shape=(input_nest.first_shape(self._input_shape)
                          if self.built else None)))
     if self.built and self._slots_built:
       # Built: only the input dtype is needed, and a batch read here would
       # cost an iterator per call.
-      self._input_dtype = tf.nest.flatten(
-          dataset.element_spec[0])[0].dtype.name
+      self._input_dtype = tf.nest.map_structure(
+          lambda spec: spec.dtype.name, dataset.element_spec[0])
     else:
       features, _ = next(iter(dataset))
       self._ensure_built(features)
@@ -450,6 +450,8 @@ class InterlockModel(keras.Model):
     `batch_shape`).
     """
     if self.built and self._input_shape is not None:
+      if input_nest.is_shape_nest(self._input_shape):
+        return None  # Several inputs: Keras checks each against its own.
       return tuple(self._input_shape[1:])
     config = getattr(self.interlock_modules[0].body, "model_config", None)
     if config and config.get("layers"):
@@ -523,9 +525,7 @@ class InterlockModel(keras.Model):
       raise ValueError("Build or fit the model before exporting it. "
                        "Received: built=False")
     kwargs.setdefault("owner", fit_arguments.export_owner(self))
-    shape = self._input_shape
-    spec = tf.TensorSpec([None] + list(shape)[1:],
-                         self._input_dtype or "float32")
+    spec = input_nest.specs(self._input_shape, self._input_dtype)
     return export_lib.export_saved_model(self.interlock_modules, spec,
                                          export_dir, **kwargs)
 

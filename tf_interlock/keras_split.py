@@ -5,10 +5,14 @@
 holds the layers between two cuts, every module but the last gets an
 auxiliary head A_k, and the last one ends with the model's own output.
 
-Interlocking moves exactly one activation h_k forward and one cotangent
-dL/dh_k back across each module boundary, so a cut is only allowed where a
-single tensor crosses it: between two residual blocks, not inside one (the
-skip connection would be a second tensor).
+Interlocking moves one activation h_k forward and one cotangent dL/dh_k
+back across each module boundary, so a cut is only allowed where a single
+floating-point tensor crosses it: between two residual blocks, not inside
+one (the skip connection would be a second one). Integer and boolean
+tensors (a padding mask, segment ids) may cross too: they ride along the
+boundary as a nest, without a cotangent (`layers.boundary`). Raw
+`keras.Operation`s stand where layers may (`keras_nodes`), and nested
+functional models are inlined first (`keras_flatten`).
 
 The user's model is already built, so its weights live wherever they were
 created (usually CPU:0), and a later device scope does not move them. The
@@ -28,6 +32,8 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
+from tf_interlock import keras_flatten
+from tf_interlock import keras_nodes
 from tf_interlock import keras_private
 from tf_interlock import layer_state
 from layers import partition
@@ -92,7 +98,8 @@ class KerasSegment(keras.layers.Layer):
   @property
   def layer_names(self):
     """The source model's layers this piece holds, in depth order."""
-    return [c["name"] for c in self.model_config["layers"][1:]]
+    return [c["name"] for c in self.model_config["layers"]
+            if c["class_name"] != "InputLayer"]
 
   def call(self, inputs, training=False):
     return self.model(inputs, training=training)
@@ -102,10 +109,12 @@ class KerasSegment(keras.layers.Layer):
                                        self._custom_objects())
     shape = model.compute_output_shape(input_shape)
     # A functional model with its one output given as a list reports
-    # [shape]; a piece has one output tensor, so its shape is returned bare.
-    if isinstance(shape, (list, tuple)) and len(shape) == 1 and isinstance(
+    # [shape]; a piece with one output tensor returns it bare, one with
+    # several (a hidden state and a mask) a list of shapes.
+    if isinstance(shape, (list, tuple)) and shape and isinstance(
         shape[0], (list, tuple)):
-      shape = shape[0]
+      return (tuple(shape[0]) if len(shape) == 1 else
+              [tuple(s) for s in shape])
     return tuple(shape)
 
   def get_config(self):
@@ -146,10 +155,10 @@ def _graph(model):
         f"from_keras needs a model with a layer graph: a Sequential starting "
         f"with keras.Input(...) or a functional model (a subclassed model "
         f"has no graph to cut). Received: model={model.name!r}")
-  if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+  if len(graph.outputs) != 1:
     raise ValueError(
-        f"from_keras splits models with one input and one output. Received: "
-        f"{len(graph.inputs)} inputs and {len(graph.outputs)} outputs in "
+        f"from_keras splits models with one output (the last module's "
+        f"logits). Received: {len(graph.outputs)} outputs in "
         f"model={model.name!r}")
   layers, nodes = [], []
   for layer in graph.operations:
@@ -168,16 +177,18 @@ def _graph(model):
   return graph, layers, nodes
 
 
-def _crossings(nodes, model_input, model_output):
+def _crossings(nodes, model_inputs, model_output):
   """For each cut after layer i, the tensors that cross it.
 
-  A tensor made by layer p (p = -1: the model input) and read by layer j
-  (j = len(nodes): the model output) crosses every cut p <= c < j.
+  A tensor made by layer p (p = -1: a model input) and read by layer j
+  (j = len(nodes): the model output) crosses every cut p <= c < j: a model
+  input that a later layer reads (a padding mask) crosses every cut before
+  that layer.
 
   Returns:
     A list of len(nodes) - 1 lists of (tensor, producer, consumer names).
   """
-  position = {id(model_input): (-1, "input")}
+  position = {id(t): (-1, "input") for t in model_inputs}
   for i, node in enumerate(nodes):
     for t in node.output_tensors:
       position[id(t)] = (i, node.operation.name)
@@ -230,36 +241,60 @@ def _one_tensor(refs):
   return [list(refs)] if isinstance(refs[0], str) else [list(r) for r in refs]
 
 
-def _segment_config(config, layers, start, stop, t_in, name):
-  """The functional config of layers[start:stop], fed by tensor `t_in`.
+def _tensor_history(config, tensor):
+  """[name, node, tensor] of a KerasTensor as `config` refers to it."""
+  producer, _, tensor_index = keras_private.keras_history(tensor)
+  return _history(config, producer.name, tensor_index)
 
-  Built from the whole model's config, so the user's model is not touched
-  (creating a sub-model from its tensors would add nodes to its layers).
+
+def _segment_config(config, layers, start, stop, t_ins, t_outs, name):
+  """The functional config of layers[start:stop].
+
+  Args:
+    config: the whole model's functional config.
+    layers: its layers and operations in topological order.
+    start, stop: the piece's layers.
+    t_ins: the tensors crossing the cut before the piece (None for the
+      first piece, which takes the model's inputs).
+    t_outs: the tensors crossing the cut after it (None for the last
+      piece, which gives the model's output).
+    name: the piece's name.
+
+  The crossing tensors are a list, in the order given (`_boundary`): one
+  tensor is a list of one, as Keras writes a model's single input. Built from the whole model's config, so the
+  user's model is not touched (creating a sub-model from its tensors would
+  add nodes to its layers).
   """
   names = {layer.name for layer in layers[start:stop]}
   by_name = {c["name"]: c for c in config["layers"]}
-  if start == 0:
-    input_layers = _one_tensor(config["input_layers"])
-    input_name = input_layers[0][0]
-    inputs = [by_name[input_name]]
-  else:
-    producer, _, tensor_index = keras_private.keras_history(t_in)
-    old = _history(config, producer.name, tensor_index)
-    input_name = f"{name}_input"
-    inputs = [{
-        "module": "keras.layers", "class_name": "InputLayer",
-        "registered_name": None, "name": input_name, "inbound_nodes": [],
-        "config": {"batch_shape": list(t_in.shape), "dtype": t_in.dtype,
-                   "name": input_name}}]
-    input_layers = [[input_name, 0, 0]]
   body = [by_name[n] for n in by_name if n in names]
-  if start > 0:
-    body = _rewire(body, old, [input_name, 0, 0])
+  fed = {}  # A crossing tensor's history -> its new input's history.
+  if start == 0:
+    refs = keras_flatten.tensor_refs(config["input_layers"])
+    # One input as before ([[name, 0, 0]]); several as the model takes them
+    # (a list, or a dict whose keys fit, predict and export take).
+    input_layers = refs if len(refs) == 1 else config["input_layers"]
+    inputs = [by_name[r[0]] for r in refs]
+  else:
+    inputs, input_layers = [], []
+    for i, t_in in enumerate(t_ins):
+      old = _tensor_history(config, t_in)
+      input_name = f"{name}_input" + (f"_{i}" if i else "")
+      inputs.append({
+          "module": "keras.layers", "class_name": "InputLayer",
+          "registered_name": None, "name": input_name, "inbound_nodes": [],
+          "config": {"batch_shape": list(t_in.shape), "dtype": t_in.dtype,
+                     "name": input_name}})
+      input_layers.append([input_name, 0, 0])
+      body = _rewire(body, old, [input_name, 0, 0])
+      fed[(old[0], old[2])] = [input_name, 0, 0]
   if stop == len(layers):
     output_layers = _one_tensor(config["output_layers"])
   else:
-    out = layers[stop - 1]
-    output_layers = [_history(config, out.name, 0)]
+    output_layers = []
+    for t_out in t_outs:
+      history = _tensor_history(config, t_out)
+      output_layers.append(fed.get((history[0], history[2]), history))
   return {"name": name, "trainable": True, "layers": inputs + body,
           "input_layers": input_layers, "output_layers": output_layers}
 
@@ -315,7 +350,7 @@ def _timed_costs(pieces, sample, custom_objects):
   Each piece is re-created from its config with fresh weights: timing does
   not depend on the weights' values, and the user's model stays untouched.
   """
-  h, costs = tf.convert_to_tensor(sample), []
+  h, costs = tf.nest.map_structure(tf.convert_to_tensor, sample), []
   for config in pieces:
     piece = _from_config(config, custom_objects)
     run = tf.function(lambda x, p=piece: p(x, training=False))
@@ -323,7 +358,7 @@ def _timed_costs(pieces, sample, custom_objects):
     times = []
     for _ in range(5):
       start = time.perf_counter()
-      run(h).numpy()
+      tf.nest.map_structure(lambda t: t.numpy(), run(h))
       times.append(time.perf_counter() - start)
     costs.append(float(np.median(times)))
     h = h_next
@@ -416,7 +451,8 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
                name=None):
   """Splits a Sequential or functional Keras model into K modules.
 
-  Cuts go only where one tensor crosses. With `split=None` the model is cut
+  Cuts go only where one floating-point tensor crosses (with any integer
+  or boolean ones: masks, ids). With `split=None` the model is cut
   into blocks at such places, never between a layer and the
   normalisation, activation or merge that takes over its output, and with
   a nonlinearity in every block (`keras_blocks.block_ends`: in practice
@@ -426,7 +462,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
 
   Args:
     model: a built `keras.Sequential` (starting with `keras.Input`) or a
-      functional `keras.Model`, one input and one output. Left unchanged.
+      functional `keras.Model` with one output and one input or several
+      (a list or a dict); nested functional and Sequential models are
+      looked into. Left unchanged.
     num_modules: K >= 1.
     split: optional explicit split: K layer counts (over `model.layers`
       without the InputLayer), or K - 1 layer names to cut after.
@@ -452,6 +490,12 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   """
   fit_arguments.check_from_keras(model, num_modules)
   graph, layers, nodes = _graph(model)
+  name = name or model.name
+  if keras_flatten.has_nested_models(model):
+    # Nested functional and Sequential models are inlined, so that cuts may
+    # go inside them (the transfer-learning idiom: keras_flatten).
+    model = keras_flatten.flatten(model, _layer_classes(model))
+    graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
                      f"Received: balance={balance!r}")
@@ -459,24 +503,28 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       callable(aux_head) and not isinstance(aux_head, str))):
     raise ValueError(f"aux_head must be one of {AUX_HEAD_KINDS}, a callable "
                      f"or None. Received: aux_head={aux_head!r}")
-  name = name or model.name
   config = graph.get_config()
-  crossing = _crossings(nodes, graph.inputs[0], graph.outputs[0])
-  valid = [c for c in range(len(crossing)) if len(crossing[c]) == 1]
+  crossing = _crossings(nodes, tf.nest.flatten(graph.inputs),
+                        graph.outputs[0])
+  # Integer and boolean tensors (masks, ids) ride along any boundary; one
+  # floating-point tensor carries the gradient (`layers.boundary`).
+  floats = [[c for c in cross if _is_float(c[0])] for cross in crossing]
+  valid = [c for c in range(len(crossing)) if len(floats[c]) == 1]
   if split is not None:
     cuts = _cuts_from_split(split, layers, num_modules)
     for c in cuts:
-      if len(crossing[c]) != 1:
+      if len(floats[c]) != 1:
         raise ValueError(
             f"Cannot cut after layer {layers[c].name!r}: "
-            f"{len(crossing[c])} tensors cross there ({_describe(crossing[c])}"
-            f"), e.g. a skip connection; a module boundary carries one "
-            f"tensor. Layers one can cut after: "
+            f"{len(floats[c])} floating-point tensors cross there "
+            f"({_describe(floats[c])}), e.g. a skip connection; a module "
+            f"boundary carries one (and any integer or boolean tensors: "
+            f"masks, ids). Layers one can cut after: "
             f"{[layers[v].name for v in valid]}. Received: split={split!r}")
   else:
     # Blocks: a layer with its normalisation and activation, each with a
     # nonlinearity (see keras_blocks).
-    ends = keras_blocks.block_ends(layers, nodes, crossing)
+    ends = keras_blocks.block_ends(layers, nodes, floats)
     starts = [0] + ends[:-1]
     if not 1 <= num_modules <= len(ends):
       raise ValueError(
@@ -485,30 +533,46 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
           f"each with a nonlinearity; split= can force other cuts). "
           f"Received: num_modules={num_modules!r}")
     if balance == "time":
-      pieces = [_segment_config(config, layers, a, b, _input_of(graph, nodes,
-                                                                a), f"t{i}")
+      pieces = [_segment_config(config, layers, a, b,
+                                _boundary(crossing, a - 1),
+                                _boundary(crossing, b - 1), f"t{i}")
                 for i, (a, b) in enumerate(zip(starts, ends))]
       if sample is None:
+        if len(tf.nest.flatten(graph.inputs)) != 1:
+          raise ValueError(
+              f"balance='time' on a model with several inputs needs "
+              f"sample= (a batch of them). Received: sample=None")
         sample = tf.random.normal([32] + list(graph.inputs[0].shape[1:]))
       costs = _timed_costs(pieces, sample, _layer_classes(graph))
     else:
       per_layer = [layer_flops(layer, node) if balance == "flops"
-                   else layer.count_params()
+                   else keras_nodes.count_params(layer)
                    for layer, node in zip(layers, nodes)]
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
     counts = partition.balanced_split(costs, num_modules)
     cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
-  return _build_modules(graph, config, layers, nodes, cuts, aux_head,
+  return _build_modules(graph, config, layers, crossing, cuts, aux_head,
                         num_classes, name)
 
 
-def _input_of(graph, nodes, start):
-  """The tensor entering layer `start` across the cut before it."""
-  return graph.inputs[0] if start == 0 else nodes[start - 1].output_tensors[0]
+def _is_float(tensor):
+  return tf.as_dtype(tensor.dtype).is_floating
 
 
-def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
-                   name):
+def _boundary(crossing, c):
+  """The tensors crossing the cut after layer c, in boundary order: the
+  floating-point one first (the aux head reads it, `layers.boundary`),
+  then the masks and ids as they appear. None for c = -1 (the model's
+  inputs) and for the end of the model (its output)."""
+  if c < 0 or c >= len(crossing):
+    return None
+  tensors = [t for t, _, _ in crossing[c]]
+  return ([t for t in tensors if _is_float(t)] +
+          [t for t in tensors if not _is_float(t)])
+
+
+def _build_modules(graph, config, layers, crossing, cuts, aux_head,
+                   num_classes, name):
   """One InterlockModule per run of layers between cuts."""
   bounds = list(zip([0] + [c + 1 for c in cuts], [c + 1 for c in cuts] +
                     [len(layers)]))
@@ -520,16 +584,20 @@ def _build_modules(graph, config, layers, nodes, cuts, aux_head, num_classes,
   modules = []
   for k, (start, stop) in enumerate(bounds, start=1):
     piece = _segment_config(config, layers, start, stop,
-                            _input_of(graph, nodes, start),
+                            _boundary(crossing, start - 1),
+                            _boundary(crossing, stop - 1),
                             f"{name}_piece{k}")
     piece = layer_state.with_vocabularies(piece, layers[start:stop])
+    # Raw keras.Operation nodes hold no state; every Layer brings its whole
+    # state (load hooks, lookup tables, trainable at every depth).
     weights = {layer.name: layer_state.snapshot(layer)
-               for layer in layers[start:stop]}
+               for layer in layers[start:stop]
+               if isinstance(layer, keras.layers.Layer)}
     body = KerasSegment(piece, weights, _layer_classes(graph),
                         name=f"{name}_segment{k}")
     head = None
     if k < len(bounds) and aux_head is not None:
-      shape = tuple(nodes[stop - 1].output_tensors[0].shape)
+      shape = tuple(_boundary(crossing, stop - 1)[0].shape)
       head = _make_aux_head(aux_head, k, shape, num_classes, activation,
                             tuple(graph.outputs[0].shape))
     modules.append(InterlockModule(body, aux_head=head,

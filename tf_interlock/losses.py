@@ -75,10 +75,14 @@ def per_example_loss(loss_fn, name="loss_fn"):
     unreduced = copy.copy(loss_fn)
     unreduced.reduction = None
 
-    def per_example(labels, logits):
-      return _mean_over_non_batch_axes(
-          tf.cast(unreduced(labels, logits), tf.float32))
+    def per_position(labels, logits):
+      return tf.cast(unreduced(labels, logits), tf.float32)
 
+    def per_example(labels, logits):
+      return _mean_over_non_batch_axes(per_position(labels, logits))
+
+    # Unreduced values, for sample weights per position (a padding mask).
+    per_example.per_position = per_position
     return per_example
   if not callable(loss_fn):
     raise ValueError(
@@ -86,10 +90,13 @@ def per_example_loss(loss_fn, name="loss_fn"):
         f"(labels, logits) -> per-example loss [batch]. "
         f"Received: {name}={loss_fn!r}")
 
-  def per_example_values(labels, logits):
-    return _mean_over_non_batch_axes(
-        tf.convert_to_tensor(loss_fn(labels, logits)))
+  def per_position_values(labels, logits):
+    return tf.convert_to_tensor(loss_fn(labels, logits))
 
+  def per_example_values(labels, logits):
+    return _mean_over_non_batch_axes(per_position_values(labels, logits))
+
+  per_example_values.per_position = per_position_values
   return per_example_values
 
 
