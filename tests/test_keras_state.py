@@ -99,8 +99,10 @@ def test_trained_split_model_reloads_with_its_state(name, tmp_path,
   loaded = keras.models.load_model(path, custom_objects=CUSTOM)
   np.testing.assert_allclose(loaded.predict(x, verbose=0), want, atol=1e-5)
   if name == "vit":
-    # The adapted statistics did not train: still the source's.
-    norm = loaded.get_layer("data_augmentation").get_layer("normalization")
+    # The adapted statistics did not train: still the source's. from_keras
+    # looks into the nested data_augmentation block, so its layers are
+    # found by their own names.
+    norm = loaded.get_layer("normalization")
     source_norm = source_model("vit").get_layer("data_augmentation").layers[0]
     np.testing.assert_allclose(norm.mean, source_norm.mean, rtol=1e-6)
     np.testing.assert_allclose(norm.variance, source_norm.variance,
@@ -170,15 +172,20 @@ def test_e2e_fit_with_state_and_a_nested_frozen_layer_equals_plain_keras():
   plain.compile(keras.optimizers.Adam(1e-2), loss)
   want = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
                    verbose=0)
-  model = split(frozen_cnn(), "e2e")
+  source = frozen_cnn()
+  frozen_name = source.get_layer("block").layers[0].name
+  model = split(source, "e2e")
   model.compile(keras.optimizers.Adam(1e-2), loss)
   got = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
   np.testing.assert_allclose(got.history["loss"], want.history["loss"],
                              rtol=1e-5)
   np.testing.assert_allclose(model.predict(x, verbose=0),
                              plain.predict(x, verbose=0), atol=1e-5)
+  # from_keras looks into the nested block: the conv is found by its name.
+  frozen = model.get_layer(frozen_name)
+  assert not frozen.trainable
   np.testing.assert_array_equal(
-      model.get_layer("block").layers[0].get_weights()[0],
+      frozen.get_weights()[0],
       frozen_cnn().get_layer("block").layers[0].get_weights()[0])
 
 

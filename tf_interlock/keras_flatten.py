@@ -235,6 +235,7 @@ def flatten(model, custom_objects):
   # The whole state, not only get_weights(): adapted preprocessing and
   # trainable flags at every depth come through as in keras_split.
   for name, source in sources.items():
-    if keras_nodes.is_layer(source):
+    if (keras_nodes.is_layer(source) and
+        not isinstance(source, keras.layers.InputLayer)):
       layer_state.restore(flat.get_layer(name), layer_state.snapshot(source))
   return flat
