@@ -4,10 +4,14 @@ An unfinished compare run is emptied before its rerun; these are the traps
 that emptying must not fall into: a TensorBoard folder that is a symbolic
 link to the user's logs, and a user's file one level down. Through
 research.compare's `main` (its own process: its flags clash with
-train.train's), with the outside files hashed before and after.
+train.train's), with the outside files hashed before and after. Also: a
+--model_fn that returns no Keras model (os:system, builtins:exit) is one
+line, before anything is written.
 """
 
 import os
+
+import pytest
 
 from research import study_owner
 from tests.binaries import run_main, tree_digest
@@ -55,3 +59,20 @@ def test_compare_refuses_a_users_file_one_level_down(tmp_path, capfd):
   assert code == 1, err
   _one_error(err, run_dir, "checkpoints/README.txt")
   assert tree_digest(out_dir) == before
+
+
+@pytest.mark.parametrize("model_fn,words", [
+    ("os:system", ["model_fn raised (TypeError"]),
+    ("builtins:exit", ["model_fn exited (SystemExit"]),
+    ("builtins:dict", ["model_fn returned dict, not a keras.Model"])])
+def test_a_model_fn_that_returns_no_keras_model_is_one_line(
+    tmp_path, capfd, model_fn, words):
+  out_dir = str(tmp_path / "study")
+  code, _, err = run_main("research.compare", [
+      f"--model_fn={model_fn}", "--data=tests.test_user_study:tiny_data",
+      "--strategies=local", "--seeds=1", "--train_steps=2", "--eval_points=2",
+      "--noplots",
+      f"--out_dir={out_dir}"], capfd)
+  assert code == 1, err
+  _one_error(err, *words, f"model_fn={model_fn!r}")
+  assert not os.path.exists(out_dir)
