@@ -123,7 +123,9 @@ def with_guard(callbacks):
   if any(isinstance(c, NonFiniteGuard) for c in given):
     return callbacks
   if isinstance(callbacks, keras.callbacks.CallbackList):
-    callbacks.callbacks.append(NonFiniteGuard())
+    guard = NonFiniteGuard()
+    guard.set_model(callbacks.model)  # Keras uses a given list as it is
+    callbacks.callbacks.append(guard)
     return callbacks
   return given + [NonFiniteGuard()]
 
