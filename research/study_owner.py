@@ -22,7 +22,6 @@ refused, naming it, and its lock and checkpoints stay where they are.
 """
 
 import contextlib
-import re
 import time
 import uuid
 
@@ -39,13 +38,13 @@ STUDY_LOCK = "compare_lock.json"
 RUN_MARKER = "compare_run.json"
 # A run folder's state, as far as compare is concerned.
 NEW, FINISHED, UNFINISHED = "new", "finished", "unfinished"
-# What train.train (train.run_dir's layout) and compare (study_lib's
-# RESULT_FILE, COSTS_FILE) write into a run folder: a restart deletes these
-# and refuses if anything else is there.
-_WRITTEN = frozenset((run_dir_lib.CONFIG, run_dir_lib.RUN_INFO,
-                      run_dir_lib.CHECKPOINTS, run_dir_lib.TRAIN_LOGS,
-                      run_dir_lib.EVAL_LOGS, run_dir_lib.EXPORT,
-                      "result.json", "module_costs.json"))
+# What compare adds to a run folder (study_lib's RESULT_FILE, COSTS_FILE), at
+# the top and through atomic writes (paths.write_atomic's ".tmp-<8 hex>-"):
+# a restart deletes these and what train.train writes
+# (`RunDir.foreign_entries`), and refuses if anything else is there.
+_COMPARE_WRITES = ("result.json", "module_costs.json")
+# What a restart leaves: the run's marker, and its lock (released after).
+_KEEP = (run_dir_lib.LOCK, RUN_MARKER)
 _MOVE_AWAY = "nothing was changed: move it away or pick a new --out_dir"
 
 
@@ -158,7 +157,30 @@ def run_state(out_dir, run_dir, owner, strategy, seed, result_file):
         f"{_received(out_dir)}")
   if tf.io.gfile.exists(paths.join(run_dir, result_file)):
     return FINISHED
+  check_restartable(out_dir, run_dir)
   return UNFINISHED
+
+
+def check_restartable(out_dir, run_dir):
+  """Raises unless emptying the unfinished run `run_dir` deletes only what
+  train.train and compare wrote there; reads only.
+
+  Refused: a symbolic link on the way from out_dir or anywhere inside
+  (a linked train/ would be emptied through), and an entry at any depth
+  that neither binary writes (`RunDir.foreign_entries`: a user's
+  checkpoints/README.txt).
+
+  Raises:
+    ValueError: naming the link or the foreign entries.
+  """
+  owned_dir.check_contained(out_dir, run_dir, _received(out_dir))
+  foreign = run_dir_lib.RunDir(run_dir).foreign_entries(
+      also_ours=_KEEP + _COMPARE_WRITES)
+  if foreign:
+    raise ValueError(
+        f"{run_dir} holds files that neither train.train nor "
+        f"research.compare writes ({', '.join(foreign)}); {_MOVE_AWAY}. "
+        f"{_received(out_dir)}")
 
 
 def check_not_in_use(run_dir, break_lock=False):
@@ -171,19 +193,14 @@ def check_not_in_use(run_dir, break_lock=False):
     pass
 
 
-def _ours(entry):
-  """Whether a run folder's `entry` is one train.train or compare writes."""
-  # Atomic writes go through ".tmp-<8 hex>-<name>" (paths.write_atomic).
-  return re.sub(r"^\.tmp-[0-9a-f]{8}-", "", entry) in _WRITTEN
-
-
 def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
   """Readies a run folder for train.train to start from scratch.
 
   Under the run's lock: a new folder gets this study's marker; an
   unfinished run of this study is emptied of what train.train and compare
-  write (`_WRITTEN`), all but its marker (and the lock, released on
-  return); anything else there (a user's notes) is refused.
+  write, all but its marker (and the lock, released on return); anything
+  else there, at any depth (`RunDir.foreign_entries`: a user's notes in
+  checkpoints/), or a symbolic link on the way or inside, is refused.
 
   Args:
     out_dir: the study's --out_dir (for messages).
@@ -199,15 +216,8 @@ def prepare(out_dir, run_dir, owner, strategy, seed, break_lock=False):
   with run_lock.held(run_dir, run_dir_lib.LOCK, break_lock):
     entries = [e.rstrip("/") for e in tf.io.gfile.listdir(run_dir)]
     if _owns_run(run_dir, owner, strategy, seed):
-      keep = (run_dir_lib.LOCK, RUN_MARKER)
-      foreign = owned_dir.foreign_entries(
-          run_dir, lambda entry: entry in keep or _ours(entry))
-      if foreign:
-        raise ValueError(
-            f"{run_dir} holds files that neither train.train nor "
-            f"research.compare writes ({', '.join(foreign)}); {_MOVE_AWAY}. "
-            f"{_received(out_dir)}")
-      owned_dir.clear(run_dir, keep)
+      check_restartable(out_dir, run_dir)  # again, under the lock
+      owned_dir.clear(run_dir, _KEEP)
     elif not (entries == [run_dir_lib.LOCK] and owned_dir.create_marker(
         run_dir, RUN_MARKER,
         {"owner": owner, "strategy": strategy, "seed": seed})):

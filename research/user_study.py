@@ -142,6 +142,33 @@ def call_with_seed(fn, seed):
   return fn(seed) if takes else fn()
 
 
+def build_model(build, seed, ref):
+  """The `keras.Model` that `build` (model_fn) returns, or one line saying
+  what it did instead: returned something else, raised, or exited
+  (`builtins:exit` would end the study with status 0, having done nothing;
+  `os:system` is no model function).
+
+  Raises:
+    ValueError: naming model_fn and what it did.
+  """
+  received = f"Received: model_fn={ref!r}"
+  try:
+    model = call_with_seed(build, seed)
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+    what = "exited" if isinstance(e, SystemExit) else "raised"
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    raise ValueError(
+        f"model_fn {what} ({type(e).__name__}: {first}) instead of returning "
+        f"a keras.Model; model_fn() or model_fn(seed) must return a fresh, "
+        f"built keras.Model. {received}") from None
+  if not isinstance(model, keras.Model):
+    raise ValueError(
+        f"model_fn returned {type(model).__name__}, not a keras.Model; "
+        f"model_fn() or model_fn(seed) must return a fresh, built "
+        f"keras.Model. {received}")
+  return model
+
+
 def _check(name, value, minimum, integer=True):
   kinds = (int,) if integer else (int, float)
   if (isinstance(value, bool) or not isinstance(value, kinds) or
@@ -345,10 +372,7 @@ def compare(model_fn, data, *, out_dir, strategies=("e2e", "2wise", "local"),
       steps_per_execution=steps_per_execution, settings=settings, jobs=jobs)
   # The cut, here: a network that from_keras refuses fails before any run.
   build = model_fn if callable(model_fn) else resolve(model_ref, "model_fn")
-  source = call_with_seed(build, study.seeds[0])
-  if not isinstance(source, keras.Model):
-    raise ValueError(f"model_fn must return a keras.Model. Received: "
-                     f"{type(source).__name__}")
+  source = build_model(build, study.seeds[0], model_ref)
   ti.from_keras(source, num_modules, split=split, balance=balance,
                 aux_head=aux_head)
   blocker = paths.file_above(study.out_dir)

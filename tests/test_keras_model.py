@@ -313,5 +313,6 @@ def test_each_epoch_runs_its_steps_with_a_callback_list_of_the_users():
   model.fit(x[:24], y[:24], batch_size=BATCH, epochs=1, verbose=0,
             callbacks=callbacks)
   assert seen == [[3, 3, 3], [6, 6, 6], [9, 9, 9]]
-  # The user's callback, Keras's History and the epoch callback, once.
-  assert len(callbacks.callbacks) == 3
+  # The user's callback, Keras's History, the epoch callback and the
+  # non-finite guard (fit_guards), once each.
+  assert len(callbacks.callbacks) == 4

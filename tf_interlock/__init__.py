@@ -48,6 +48,7 @@ from layers.aux_heads import ConvAuxHead
 from layers.aux_heads import SequenceAuxHead
 from layers.interlock_module import InterlockModule
 from tf_interlock import callbacks
+from tf_interlock import fit_guards
 from tf_interlock import placement
 from tf_interlock.keras_model import InterlockModel
 from tf_interlock.keras_split import KerasSegment

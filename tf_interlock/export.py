@@ -32,6 +32,7 @@ from tensorflow.python.saved_model import fingerprinting_utils
 from tf_interlock import exits as exits_lib
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import metric_names
+from tf_interlock import owned_dir
 from tf_interlock import paths
 
 SERVING_KEY = "serving_default"
@@ -114,14 +115,13 @@ def _stop_gradients_to_identities(saved_model_dir):
       if node.op == "StopGradient":
         node.op = "Identity"
   # Removed first: some file systems (TF's ram://) append on "w".
-  tf.io.gfile.remove(path)
+  owned_dir.remove(saved_model_dir, path)
   with tf.io.gfile.GFile(path, "wb") as f:
     f.write(proto.SerializeToString())
   # fingerprint.pb holds a hash of saved_model.pb: recompute it, so that it
   # describes the rewritten graph.
   fingerprint = paths.join(saved_model_dir, "fingerprint.pb")
-  if tf.io.gfile.exists(fingerprint):
-    tf.io.gfile.remove(fingerprint)
+  owned_dir.remove(saved_model_dir, fingerprint)
   fingerprinting_utils.write_fingerprint(saved_model_dir)
 
 

@@ -19,6 +19,7 @@ left aside, puts back) what it left. Every file operation goes through
 """
 
 import json
+import os
 import uuid
 
 import tensorflow as tf
@@ -64,6 +65,42 @@ def _owned(directory, owner):
           not foreign_entries(directory, marker))
 
 
+# Characters the temporary sibling `.<name>.tmp-<12 hex>` adds to the name.
+_SIBLING_EXTRA = len("..tmp-") + 12
+# The deepest file a SavedModel writes below the export, with its "/".
+_DEEPEST = len("/variables/variables.data-00000-of-00001")
+
+
+def _check_local_path(export_dir, name, received):
+  """Raises if the export would fail after training, or write through a
+  link: its temporary sibling's name or deepest file over the file
+  system's limits, or `export_dir` a symbolic link (replacing it would
+  replace the link, never the folder it points to)."""
+  if paths.is_url(export_dir):
+    return
+  if os.path.islink(export_dir):
+    raise ValueError(
+        f"{name}={export_dir} is a symbolic link (to "
+        f"{os.readlink(export_dir)}); an export replaces its folder, so it "
+        f"is never written through a link; nothing was written: name the "
+        f"folder itself or a new one. {received}")
+  existing = export_dir
+  while not os.path.isdir(existing):
+    existing = os.path.dirname(existing)
+  name_max = os.pathconf(existing, "PC_NAME_MAX")
+  path_max = os.pathconf(existing, "PC_PATH_MAX")
+  longest = len(paths.basename(export_dir)) + _SIBLING_EXTRA
+  deepest = len(export_dir) + _SIBLING_EXTRA + _DEEPEST
+  if longest > name_max or deepest >= path_max:
+    what, size, limit = (("name", longest, name_max) if longest > name_max
+                         else ("deepest path", deepest, path_max))
+    raise ValueError(
+        f"{name}={export_dir} is too long: the export's temporary folder "
+        f"beside it (.<name>.tmp-<12 hex>) would have a {what} of {size} "
+        f"characters, over the file system's limit of {limit}; nothing was "
+        f"written: pick a shorter path. {received}")
+
+
 def check_export_target(export_dir, owner=None, name="export_dir"):
   """Raises unless an export may write `export_dir`; writes nothing.
 
@@ -81,6 +118,7 @@ def check_export_target(export_dir, owner=None, name="export_dir"):
   export_dir = paths.normalize(export_dir)
   received = f"Received: {name.lstrip('-')}={export_dir!r}"
   owned_dir.check_folder_path(export_dir, name)
+  _check_local_path(export_dir, name, received)
   if not tf.io.gfile.exists(export_dir):
     return
   marker = read_marker(export_dir)
@@ -129,7 +167,8 @@ def remove_stale(export_dir, owner):
   """
   for path in _siblings(export_dir, "old"):
     if not tf.io.gfile.exists(export_dir) and _owned(path, owner):
-      paths.move_dir(path, export_dir, last=MARKER)
+      owned_dir.move(paths.parent(export_dir), path, export_dir,
+                     last=MARKER)
   for path in _siblings(export_dir, "tmp") + _siblings(export_dir, "old"):
     if tf.io.gfile.isdir(path) and (
         not tf.io.gfile.listdir(path) or _owned(path, owner) or
@@ -148,39 +187,63 @@ def _killed_write(directory, owner):
                   for name in tf.io.gfile.listdir(directory)))
 
 
-def _replace_dir(new_dir, export_dir, old_dir):
-  """Moves `new_dir` to `export_dir`, swapping out any existing directory.
+def _move_into_place(new_dir, export_dir):
+  """Moves the finished `new_dir` to the missing or empty `export_dir`.
+
+  Create-exclusive: locally one rename(2), which fails when another export
+  filled `export_dir` since it was checked, so that one is never replaced.
+
+  Raises:
+    ValueError: another process wrote `export_dir` meanwhile.
+  """
+  try:
+    owned_dir.move(paths.parent(export_dir), new_dir, export_dir,
+                   last=MARKER)
+  except OSError:
+    raise ValueError(
+        f"export_dir={export_dir} was written by another process while "
+        f"this export ran; nothing was replaced: export again into another "
+        f"directory. Received: export_dir={export_dir!r}") from None
+
+
+def _replace_dir(new_dir, export_dir, old_dir, owner):
+  """Moves `new_dir` to `export_dir`, swapping out an export of `owner`.
 
   `export_dir` only ever holds a complete export, old or new (between the
   two moves it briefly does not exist); the old one is deleted only once
-  the new one is in place, and put back if that fails.
+  the new one is in place, and put back if that fails. An export found
+  there that is not `owner`'s (another process's, written since
+  `check_export_target`) is put back untouched.
   """
-  if tf.io.gfile.exists(export_dir) and not tf.io.gfile.listdir(export_dir):
-    tf.io.gfile.rmtree(export_dir)  # empty: nothing to keep
-  if not tf.io.gfile.exists(export_dir):
-    paths.move_dir(new_dir, export_dir, last=MARKER)
+  parent = paths.parent(export_dir)
+  if not tf.io.gfile.exists(export_dir) or not tf.io.gfile.listdir(
+      export_dir):
+    _move_into_place(new_dir, export_dir)
     return
-  paths.move_dir(export_dir, old_dir, last=MARKER)
+  owned_dir.move(parent, export_dir, old_dir, last=MARKER)
   # A signal is raised at the first bytecode after a C call returns, so the
   # try starts right after the move (a SIGTERM during it lands here).
   try:
-    # Checked again once it is out of the way: a file added to the old
-    # export since `check_export_target` would otherwise be deleted with it.
+    # Checked again once it is out of the way: an export or a file added
+    # since `check_export_target` would otherwise be deleted with it.
     marker = read_marker(old_dir)
-    late = ([MARKER] if marker is None else foreign_entries(old_dir, marker))
+    late = ([MARKER] if not owned_dir.names(marker, owner=owner)
+            else foreign_entries(old_dir, marker))
     if not late:
-      paths.move_dir(new_dir, export_dir, last=MARKER)
+      _move_into_place(new_dir, export_dir)
   except BaseException:  # also Ctrl-C or SIGTERM between the two moves
-    if tf.io.gfile.exists(export_dir):
-      tf.io.gfile.rmtree(export_dir)  # a partial copy (URLs) of new_dir
-    paths.move_dir(old_dir, export_dir, last=MARKER)
+    if paths.is_url(export_dir) and tf.io.gfile.exists(export_dir):
+      owned_dir.remove(parent, export_dir)  # a partial copy of new_dir
+    if not tf.io.gfile.exists(export_dir):
+      owned_dir.move(parent, old_dir, export_dir, last=MARKER)
     raise
   if late:
-    paths.move_dir(old_dir, export_dir, last=MARKER)
+    owned_dir.move(parent, old_dir, export_dir, last=MARKER)
+    what = ("an export of another owner" if late == [MARKER] else
+            f"entries the earlier export did not write ({', '.join(late[:3])})")
     raise ValueError(
         f"export_dir={export_dir} changed during the export: it now holds "
-        f"entries the earlier export did not write ({', '.join(late[:3])}); "
-        f"nothing was replaced. Received: export_dir={export_dir!r}")
+        f"{what}; nothing was replaced. Received: export_dir={export_dir!r}")
   owned_dir.remove_marked(old_dir, MARKER)
 
 
@@ -217,8 +280,8 @@ def write_owned(export_dir, write, *, owner=None, metadata=None):
     _write_marker(new_dir, marker)  # a killed write is still recognisable
     write(new_dir)
     _write_marker(new_dir, marker)  # now listing every file written
-    _replace_dir(new_dir, export_dir, old_dir)
+    _replace_dir(new_dir, export_dir, old_dir, owner)
   finally:
     if tf.io.gfile.exists(new_dir):
-      tf.io.gfile.rmtree(new_dir)
+      owned_dir.remove(paths.parent(export_dir), new_dir)
   return export_dir

@@ -38,6 +38,7 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
+from tf_interlock import fit_guards
 from tf_interlock import input_nest
 from tf_interlock import keras_habits
 from tf_interlock import keras_fit
@@ -190,6 +191,12 @@ class InterlockModel(keras.Model):
     self._input_dtype = config.get("input_dtype")
     self.build(config["input_shape"])
 
+  def _num_classes(self, x):
+    """The size of the network's class axis: one example of `x` through
+    the built network (before the first step, so labels can be checked)."""
+    first = tf.nest.map_structure(lambda a: a[:1], x)
+    return int(self(first, training=False).shape[-1])
+
   def _ensure_built(self, features):
     self._input_dtype = input_nest.dtype_of(features)
     shape = input_nest.shape_of(features)
@@ -270,6 +277,7 @@ class InterlockModel(keras.Model):
     # module's optimizer (or of the modules `model.optimizer.modules` names).
     self.optimizer = ModuleOptimizers(self.trainer)
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
+    self._sparse_labels = fit_guards.sparse_loss(loss)
     self._metric_names = metric_names
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
@@ -374,8 +382,11 @@ class InterlockModel(keras.Model):
     else:
       features, _ = next(iter(dataset))
       self._ensure_built(features)
+    if getattr(self, "_sparse_labels", False):
+      fit_guards.check_labels(y, lambda: self._num_classes(x))
     self._fit_logs.steps_per_epoch = steps
-    callbacks = keras_fit.with_callback(callbacks, self._fit_logs.callback)
+    callbacks = fit_guards.with_guard(
+        keras_fit.with_callback(callbacks, self._fit_logs.callback))
     kwargs.setdefault("validation_batch_size", batch_size)
     return super().fit(dataset, epochs=epochs, verbose=verbose,
                        callbacks=callbacks, shuffle=False,
@@ -414,10 +425,13 @@ class InterlockModel(keras.Model):
           f"train_on_batch needs labels y and takes no class_weight (pass "
           f"sample_weight). Received: y={'None' if y is None else 'given'}, "
           f"class_weight={type(class_weight).__name__}")
+    fit_guards.check_not_empty(x)
     labels = y if sample_weight is None else (
         y, tf.cast(sample_weight, tf.float32))
     dataset = tf.data.Dataset.from_tensors((x, labels))
     self._ensure_built(next(iter(dataset))[0])
+    if getattr(self, "_sparse_labels", False):
+      fit_guards.check_labels(y, lambda: self._num_classes(x))
     self.reset_metrics()
     # FitLogs runs exactly the steps an epoch has left: here, one.
     fit_logs = self._fit_logs

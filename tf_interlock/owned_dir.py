@@ -26,7 +26,14 @@ The rules, the same for all of them:
    (`export_dir.remove_stale`), a run's `ckpt-N_temp` folders
    (`RunDir.remove_unfinished_checkpoints`), a dead holder's lock (taken
    over by `RunLock.acquire`).
-5. While a process writes a folder it holds the folder's lock
+5. Every delete, rename or overwrite goes through one check,
+   `check_contained` (`remove`, `clear`, `remove_marked`, `move`): the
+   entry lies inside the owned folder, and no component from that folder
+   down to it, nor anything inside it, is a symbolic link (`lstat`, never
+   followed: TF's recursive delete follows links, and so would empty a
+   user's folder that a link in our tree points to). A link is refused in
+   one line naming it, before anything is deleted.
+6. While a process writes a folder it holds the folder's lock
    (`train.run_lock`: an OS flock plus a token in lock.json or
    compare_lock.json). Only the binaries take locks, so the lock lives
    with them; the markers are also the library's (`export_dir`).
@@ -151,21 +158,79 @@ def foreign_entries(folder, ours, recursive=False):
   return sorted(name for name in found if not ours(name))
 
 
-def clear(folder, keep=()):
-  """Deletes every entry of `folder` but those named in `keep`."""
-  for entry in tf.io.gfile.listdir(folder):
-    entry = entry.rstrip("/")
-    if entry not in keep:
-      path = paths.join(folder, entry)
-      (tf.io.gfile.rmtree if tf.io.gfile.isdir(path)
-       else tf.io.gfile.remove)(path)
+def check_contained(root, path, received=None):
+  """Raises unless deleting or replacing `path` touches nothing outside
+  `root`: the project's one rule for every delete, rename and overwrite.
+
+  `path` must be `root` or lie below it once normalized ("../" leaves
+  it), no component from `root` down to `path` may be a symbolic link, and
+  neither may anything inside `path`. `root` itself may be a link: the
+  user named it. URLs (gs://, ram://) have no links.
+
+  Args:
+    root: the owned folder (a run, an export's parent, a study's out_dir).
+    path: the entry about to be deleted, renamed or overwritten.
+    received: the message's closing "Received: name=value" (default: the
+      path).
+
+  Raises:
+    ValueError: naming the entry, before anything is changed.
+  """
+  root, path = paths.normalize(root), paths.normalize(path)
+  received = received or f"Received: path={path!r}"
+  if not paths.is_within(path, root):
+    raise ValueError(
+        f"{path} lies outside {root}, the folder we own; nothing "
+        f"was deleted or replaced: it is not ours to change. {received}")
+  link = paths.first_link(root, path) or paths.link_inside(path)
+  if link is not None:
+    raise ValueError(
+        f"{link} is a symbolic link (to {os.readlink(link)}) inside {root}, "
+        f"the folder we own; nothing was deleted or replaced: a "
+        f"delete would follow it out of the folder, so replace the link "
+        f"with a folder of its own or move it away. {received}")
 
 
-def remove_marked(folder, marker):
-  """Deletes an owned folder, its marker last: a deletion killed midway
-  leaves the marker, by which the owner knows the rest as its own."""
-  clear(folder, keep=(marker,))
-  path = paths.join(folder, marker)
-  if tf.io.gfile.exists(path):
+def remove(root, path):
+  """Deletes the file or folder `path` of the owned folder `root`, once
+  `check_contained` allowed it; a missing `path` is no error."""
+  check_contained(root, path)
+  if tf.io.gfile.isdir(path):
+    tf.io.gfile.rmtree(path)
+  elif tf.io.gfile.exists(path):
     tf.io.gfile.remove(path)
-  tf.io.gfile.rmtree(folder)
+
+
+def move(root, src, dst, last=None):
+  """`paths.move_dir(src, dst)` of two entries of the owned folder `root`,
+  once `check_contained` allowed both."""
+  check_contained(root, src)
+  check_contained(root, dst)
+  paths.move_dir(src, dst, last=last)
+
+
+def clear(folder, keep=()):
+  """Deletes every entry of `folder` but those named in `keep`; nothing
+  when one of them is refused by `check_contained`."""
+  doomed = [paths.join(folder, entry.rstrip("/"))
+            for entry in tf.io.gfile.listdir(folder)
+            if entry.rstrip("/") not in keep]
+  for path in [folder] + doomed:  # all checked before the first delete
+    check_contained(folder, path)
+  for path in doomed:
+    remove(folder, path)
+
+
+def remove_marked(folder, marker, root=None):
+  """Deletes an owned folder, its marker last: a deletion killed midway
+  leaves the marker, by which the owner knows the rest as its own.
+
+  Args:
+    folder: the folder to delete.
+    marker: its marker's file name.
+    root: the owned folder it lies in (default: its parent).
+  """
+  check_contained(root or paths.parent(folder), folder)
+  clear(folder, keep=(marker,))
+  remove(folder, paths.join(folder, marker))
+  remove(root or paths.parent(folder), folder)

@@ -35,6 +35,12 @@ def normalize(path):
   return f"{scheme}://{rest}"
 
 
+def is_within(path, root):
+  """True if `path` is `root` or lies below it (both normalized)."""
+  path, root = normalize(path), normalize(root)
+  return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def join(*parts):
   return posixpath.join(*parts) if is_url(parts[0]) else os.path.join(*parts)
 
@@ -103,6 +109,40 @@ def special_kind(path):
   return None
 
 
+def first_link(root, path):
+  """The first symbolic link met going from `root` down to `path`, or None.
+
+  `root` itself is not looked at (the user chose it, link or not); each
+  component below it, `path` included, is `lstat`ed, never followed. URLs
+  have no links: None.
+
+  Args:
+    root: a folder (local path or URL).
+    path: `root` or a path below it (both normalized here).
+  """
+  root, path = normalize(root), normalize(path)
+  if is_url(path) or path == root:
+    return None
+  current = root
+  for part in os.path.relpath(path, root).split(os.sep):
+    current = os.path.join(current, part)
+    if os.path.islink(current):
+      return current
+  return None
+
+
+def link_inside(path):
+  """A symbolic link found inside the folder `path` (never followed), or
+  None: what a recursive delete of `path` would follow out of it."""
+  if is_url(path) or not os.path.isdir(path) or os.path.islink(path):
+    return None
+  for top, dirs, files in os.walk(path):  # os.walk does not follow links
+    for name in sorted(dirs + files):
+      if os.path.islink(os.path.join(top, name)):
+        return os.path.join(top, name)
+  return None
+
+
 def copy_tree(src, dst, last=None):
   """Copies directory `src` to a new `dst`, file by file, through gfile.
 
@@ -164,11 +204,17 @@ def move_dir(src, dst, last=None):
 
   Args:
     src: existing directory.
-    dst: path that must not exist.
+    dst: path that must not exist (locally: or be an empty folder).
     last: see `copy_tree`.
+
+  Raises:
+    OSError: locally, `dst` is a file or a non-empty folder.
   """
   if not is_url(src):
-    tf.io.gfile.rename(src, dst)
+    # rename(2) itself, not TF's exists-then-rename: it fails (OSError)
+    # when `dst` is a non-empty folder, atomically, so a folder another
+    # process filled meanwhile is never replaced; an empty one is.
+    os.rename(src, dst)
     return
   copy_tree(src, dst, last=last)
   tf.io.gfile.rmtree(src)

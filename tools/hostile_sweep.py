@@ -1,6 +1,7 @@
 r"""Hostile sweep: bad flags, hostile folders, full disks, TF_CONFIG
 faults, impostor and frozen workers, signals in every phase and API misuse,
-through the binaries (cases: tools/hostile_cases.py, tools/hostile_stops.py).
+through the binaries (cases: tools/hostile_cases.py, tools/hostile_stops.py,
+tools/hostile_containment.py).
 
   python tools/hostile_sweep.py --out=docs/results/hostile_sweep/sweep.md
 
@@ -30,6 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools import hostile_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tools import hostile_containment  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools import hostile_stops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools.hostile_judge import (_env, _orphans, checkpoint_hash, judge,  # pylint: disable=g-import-not-at-top,wrong-import-position
                                  judge_resume, snapshot)
@@ -39,7 +41,7 @@ def cases():
   """The sweep's cases, in order."""
   return (hostile_cases.bad_flag_cases() + hostile_cases.folder_cases() +
           hostile_stops.cluster_cases() + hostile_stops.signal_cases() +
-          hostile_stops.api_cases())
+          hostile_stops.api_cases() + hostile_containment.containment_cases())
 
 
 def _listener():

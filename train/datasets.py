@@ -13,6 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
+from tf_interlock.data import fashion_mnist_local
 from tf_interlock.data import images
 from tf_interlock.data import text
 
@@ -71,8 +72,9 @@ def _text(config):
 def split_sizes(config):
   """(train, eval) examples of the dataset; packed sequences for text.
 
-  Synthetic and image sizes are static; text sizes count the tokens of
-  each split, so the corpus is read and its vocabulary learnt (or loaded).
+  Synthetic and image sizes are static, but for Fashion-MNIST read from a
+  --source_dir (its IDX headers); text sizes count the tokens of each
+  split, so the corpus is read and its vocabulary learnt (or loaded).
   """
   if config.data.dataset == "synthetic":
     return SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["eval"]
@@ -84,6 +86,9 @@ def split_sizes(config):
         text.num_tokens(corpus, vocab, split) // (config.network.seq_len + 1)
         for split in text.SPLITS)
   info = images.dataset_info(config.data.dataset)
+  if config.data.source_dir and info.tfds_name == "fashion_mnist_local":
+    # The files given, not the official 60,000: --epochs counts these.
+    return fashion_mnist_local.split_counts(config.data.source_dir)
   return info.splits["train"], info.splits[info.eval_split]
 
 

@@ -28,6 +28,8 @@ import tempfile
 
 import tensorflow as tf
 
+from tf_interlock import owned_dir
+from tf_interlock import paths
 from tf_interlock import placement as placement_lib
 from tf_interlock import replicas as replicas_lib
 from train import config as config_lib
@@ -255,5 +257,6 @@ def remove_own_dir(config):
   """
   if (config.run.model_dir in _OWN_DIRS and not is_chief(config) and
       tf.io.gfile.exists(config.run.model_dir)):
-    tf.io.gfile.rmtree(config.run.model_dir)
+    owned_dir.remove(paths.parent(config.run.model_dir),
+                     config.run.model_dir)
     _OWN_DIRS.discard(config.run.model_dir)

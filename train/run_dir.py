@@ -12,7 +12,7 @@ Every function reads before it writes and raises a one-line `ValueError`
 naming the path at fault; all file access goes through `tf.io.gfile`, so
 model_dir may be a local folder, gs:// or ram://. Only the binaries
 (train/, research/) read run directories, so this lives with them; so do
-the two path checks only they make, `is_within` and `check_literal`.
+the path check only they make, `check_literal`.
 """
 
 import os
@@ -37,12 +37,24 @@ EVAL_LOGS = "eval"
 EXPORT = "export"
 POINTER = "checkpoint"  # tf.train.CheckpointManager's index of checkpoints
 _CKPT = re.compile(r"^ckpt-(\d+)\.(index|data-(\d+)-of-(\d+))$")
+# What train.train writes below model_dir, at every depth (`foreign_entries`
+# refuses anything else): atomic writes' ".tmp-<8 hex>-<name>"
+# (paths.write_atomic), TF's "checkpoint.tmp<32 hex>", a save's ckpt-N_temp/,
+# TensorBoard's event files and an export's temporary siblings.
+_WRITTEN_BELOW = {
+    "": re.compile(r"^(\.tmp-[0-9a-f]{8}-)?(config\.json|run\.json|"
+                   r"lock\.json|checkpoints|train|eval|export)$|"
+                   r"^\.export\.(tmp|old)-[0-9a-f]{12}(/.*)?$"),
+    CHECKPOINTS: re.compile(
+        r"^(\.tmp-[0-9a-f]{8}-checkpoint|checkpoint(\.unreadable|"
+        r"\.tmp[0-9a-f]{32})?|ckpt-\d+\.(index|data-\d+-of-\d+)|"
+        r"ckpt-\d+_temp(/.*)?)$"),
+    TRAIN_LOGS: re.compile(r"^events\.out\.tfevents\.[^/]+$"),
+    EVAL_LOGS: re.compile(r"^events\.out\.tfevents\.[^/]+$"),
+}
 
 
-def is_within(path, root):
-  """True if `path` is `root` or lies below it (both normalized)."""
-  path, root = paths.normalize(path), paths.normalize(root)
-  return path == root or path.startswith(root.rstrip("/") + "/")
+is_within = paths.is_within
 
 
 # TF reads a checkpoint prefix (and a SavedModel's variables) as a file
@@ -141,6 +153,16 @@ class RunDir:
         kind = "a directory" if want_dir else "a file"
         raise ValueError(f"{path} should be {kind} of the run directory; "
                          f"nothing was changed. {self._received}")
+    # A run deletes and replaces entries of these (old checkpoints, a save
+    # killed midway, the export): none may lead out of model_dir, e.g. a
+    # checkpoints/ linked to another run's, whose files it would delete.
+    for entry in (CHECKPOINTS, TRAIN_LOGS, EVAL_LOGS, EXPORT, CONFIG,
+                  RUN_INFO, LOCK, *self._unfinished_checkpoints()):
+      self._check_contained(self.file(entry))
+
+  def _check_contained(self, path):
+    """`owned_dir.check_contained` within model_dir, naming the flag."""
+    owned_dir.check_contained(self.path, path, self._received)
 
   def check_nesting(self):
     """Raises if model_dir is or lies inside an export, another run or a
@@ -175,6 +197,33 @@ class RunDir:
       raise ValueError(f"{self.name}={self.path} lies inside {owner}, which "
                        f"would overwrite or delete it; nothing was changed: "
                        f"pick a folder outside it. {self._received}")
+
+  def foreign_entries(self, also_ours=()):
+    """What model_dir holds, at any depth, that train.train did not write.
+
+    Args:
+      also_ours: further top-level names that are not foreign (e.g. the
+        files research.compare adds to a run folder), nor their atomic
+        writes' temporaries.
+
+    Returns:
+      Sorted paths relative to model_dir.
+    """
+    export = self.default_export_dir
+    marker = export_dir_lib.read_marker(export)
+    in_export = (set() if marker is None else
+                 set(export_dir_lib.foreign_entries(export, marker)))
+
+    def ours(rel):
+      top, _, below = rel.partition("/")
+      if re.sub(r"^\.tmp-[0-9a-f]{8}-", "", top) in also_ours:
+        return True
+      if top == EXPORT and below:
+        return marker is not None and below not in in_export
+      rule = _WRITTEN_BELOW.get(top) if below else None
+      return bool(rule.match(below) if rule else _WRITTEN_BELOW[""].match(rel))
+
+    return owned_dir.foreign_entries(self.path, ours, recursive=True)
 
   def _read_json(self, path):
     try:
@@ -288,6 +337,19 @@ class RunDir:
                                   checkpoint_state_pb2.CheckpointState())
     except (UnicodeDecodeError, text_format.ParseError, tf.errors.OpError):
       return "is unreadable", None
+    outside = [entry for entry in [state.model_checkpoint_path,
+                                   *state.all_model_checkpoint_paths]
+               if entry and paths.parent(paths.join(
+                   self.checkpoint_dir, entry)) != self.checkpoint_dir]
+    if outside:
+      # TF's CheckpointManager deletes the oldest listed prefixes, wherever
+      # they are: an entry out of checkpoints/ would delete files there.
+      raise ValueError(
+          f"{path} lists {outside[0]!r}, which lies outside "
+          f"{self.checkpoint_dir}: keeping only the newest checkpoints "
+          f"would delete files there; nothing was changed: remove that "
+          f"entry from the file (or the file, then resume with "
+          f"--resume_from=ckpt-N). {self._received}")
     prefix = state.model_checkpoint_path
     if not prefix:
       return "names no checkpoint", None
@@ -345,16 +407,25 @@ class RunDir:
                      f"checkpoint data; nothing was changed: {hint}. "
                      f"{self._received}")
 
-  def remove_unfinished_checkpoints(self):
-    """Deletes the `ckpt-N_temp` folders a failed save left (TF writes a
-    checkpoint there, then moves its files out); returns their names."""
+  def _unfinished_checkpoints(self):
+    """checkpoints/ckpt-N_temp entries, as paths relative to model_dir."""
     if not tf.io.gfile.isdir(self.checkpoint_dir):
       return []
-    names = sorted(n.rstrip("/") for n in tf.io.gfile.listdir(
-        self.checkpoint_dir) if re.fullmatch(r"ckpt-\d+_temp/?", n))
+    return sorted(paths.join(CHECKPOINTS, n.rstrip("/")) for n in
+                  tf.io.gfile.listdir(self.checkpoint_dir)
+                  if re.fullmatch(r"ckpt-\d+_temp/?", n))
+
+  def remove_unfinished_checkpoints(self):
+    """Deletes the `ckpt-N_temp` folders a failed save left (TF writes a
+    checkpoint there, then moves its files out); returns their names.
+    Each is checked first (`owned_dir.check_contained`): a link is refused,
+    never followed."""
+    names = self._unfinished_checkpoints()
     for name in names:
-      tf.io.gfile.rmtree(self.file(CHECKPOINTS, name))
-    return names
+      self._check_contained(self.file(name))
+    for name in names:
+      owned_dir.remove(self.path, self.file(name))
+    return [paths.basename(name) for name in names]
 
   def repair_pointer(self, prefix):
     """Points "checkpoint" at `prefix` (after `latest_checkpoint` allowed
@@ -363,6 +434,8 @@ class RunDir:
     if self._pointer_problem()[1] == prefix:
       return
     if tf.io.gfile.exists(pointer):
+      for path in (pointer, pointer + ".unreadable"):
+        self._check_contained(path)
       tf.io.gfile.rename(pointer, pointer + ".unreadable", overwrite=True)
     step = int(paths.basename(prefix).split("-")[1])
     kept = [f"ckpt-{n}" for n in self.complete_checkpoints() if n <= step]

@@ -268,7 +268,7 @@ class RunLock:
       self.held = False
       current = self._read()
       if current and current.get("token") == self.info["token"]:
-        tf.io.gfile.remove(self.path)
+        owned_dir.remove(paths.parent(self.path), self.path)
     finally:
       self._unlock_folder()
 
@@ -310,4 +310,4 @@ def held(folder, name="lock.json", break_lock=False, refused="", out=None):
   finally:
     lock.release()
     if made and tf.io.gfile.isdir(folder) and not tf.io.gfile.listdir(folder):
-      tf.io.gfile.rmtree(folder)  # made here for the lock only
+      owned_dir.remove(paths.parent(folder), folder)  # made for the lock

@@ -161,6 +161,56 @@ def read_split(source_dir: str, split: str,
   return images, labels
 
 
+def split_counts(source_dir: str) -> Tuple[int, int]:
+  """(train, test) example counts, from the label files' IDX headers.
+
+  Read before anything is prepared, so that a run's epochs count the data
+  actually given (a custom source_dir need not hold 60,000 images).
+
+  Raises:
+    FileNotFoundError: a file is missing.
+    ValueError: a header is truncated or not a label file's.
+  """
+  counts = []
+  for split in ("train", "test"):
+    path = resolve_idx_file(source_dir, SPLIT_FILES[split][1])
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+      with opener(path, "rb") as f:
+        header = f.read(8)
+    except (EOFError, OSError, zlib.error) as e:
+      raise ValueError(f"{path} is not a readable IDX file ({e}). "
+                       f"Received: path={path}") from None
+    if len(header) < 8 or int.from_bytes(header[:4], "big") != _LABEL_MAGIC:
+      raise ValueError(f"{path} does not start with an IDX label header "
+                       f"(magic {_LABEL_MAGIC:#010x}, then the count). "
+                       f"Received: path={path}")
+    counts.append(int.from_bytes(header[4:8], "big"))
+  return counts[0], counts[1]
+
+
+def source_signature(source_dir: str) -> str:
+  """A digest of the bytes of the IDX files in `source_dir`.
+
+  Part of a custom config's name: a prepared copy is used only for the
+  very files it was prepared from; replaced files get a copy of their own
+  (and are validated while it is made) instead of training on stale data.
+  Files that are missing are left to the reader to report.
+  """
+  digest = hashlib.sha256()
+  for stems in SPLIT_FILES.values():
+    for stem in stems:
+      try:
+        path = resolve_idx_file(source_dir, stem)
+      except FileNotFoundError:
+        continue
+      digest.update(path.encode())
+      with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          digest.update(block)
+  return digest.hexdigest()
+
+
 @dataclasses.dataclass
 class FashionMnistLocalConfig(tfds.core.BuilderConfig):
   """Where the IDX files are and how many examples each split must hold.
@@ -176,10 +226,11 @@ class FashionMnistLocalConfig(tfds.core.BuilderConfig):
 
 def make_config(source_dir: str, num_examples: Optional[Tuple[int, int]] = None
                ) -> FashionMnistLocalConfig:
-  """Returns a config whose name is unique to the absolute `source_dir`.
+  """Returns a config whose name is unique to `source_dir` and its files.
 
   TFDS keeps one prepared copy per config name under data_dir, so distinct
-  source directories must not share a name.
+  source directories must not share a name, nor the same directory once
+  its files were replaced (`source_signature`).
 
   Args:
     source_dir: Directory holding the four IDX files.
@@ -189,7 +240,8 @@ def make_config(source_dir: str, num_examples: Optional[Tuple[int, int]] = None
     The config.
   """
   source_dir = os.path.abspath(source_dir)
-  digest = hashlib.sha1(repr((source_dir, num_examples)).encode()).hexdigest()
+  digest = hashlib.sha1(repr((source_dir, num_examples, source_signature(
+      source_dir))).encode()).hexdigest()
   return FashionMnistLocalConfig(
       name="dir_" + digest[:12], source_dir=source_dir,
       num_examples=num_examples, description=f"IDX files in {source_dir}")
@@ -210,8 +262,9 @@ absl_logging.get_absl_logger().addFilter(_ExpectedConfigFilter())
 class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
   """Fashion-MNIST from local IDX files (registered as `fashion_mnist_local`).
 
-  The prepared copy under data_dir is keyed by the source directory's path:
-  after replacing the files in place, delete it or use another data_dir.
+  The prepared copy under data_dir is keyed by the source directory's path
+  and its files' bytes: files replaced in place are prepared (and checked)
+  anew, never served from the copy of the old ones.
   """
 
   VERSION = tfds.core.Version("1.0.0")

@@ -340,11 +340,15 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
   num_examples = _num_examples(ds)
   if num_examples == 0:
     raise empty_error
-  if (not training and drop_remainder and num_examples is not None and
+  if ((training or drop_remainder) and num_examples is not None and
       num_examples < batch_size):
+    # Training repeats the split: one batch would hold some images twice.
+    why = ("every batch would repeat images" if training else
+           "drop_remainder=True would yield nothing")
     raise ValueError(f"Split {split!r} of {tfds_name} has {num_examples} "
-                     f"examples, fewer than one batch, so drop_remainder=True "
-                     f"would yield nothing. Received: batch_size={batch_size}")
+                     f"examples, fewer than one batch, so {why}: give more "
+                     f"examples or a batch_size of at most {num_examples}. "
+                     f"Received: batch_size={batch_size}")
 
   height, width, channels = info.image_shape
   if training:
