@@ -13,12 +13,12 @@ regenerated without training anything:
 """
 
 import io
-import json
 import os
 import sys
 
 from absl import app
 from absl import flags
+from tf_interlock import owned_dir
 
 _STUDIES = flags.DEFINE_list(
     "studies", ["docs/results/study_fashion_mnist",
@@ -33,13 +33,10 @@ _PNG_OUT = flags.DEFINE_string(
 def load_study(folder):
   """A study's results.json as a dict; one line naming the file if not."""
   path = os.path.join(folder, "results.json")
-  try:
-    with open(path) as f:
-      summary = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read a study's results from {path} "
-                     f"({type(e).__name__}: {e}). Received: "
-                     f"studies={folder}") from None
+  if not os.path.isfile(path):
+    raise ValueError(f"cannot read a study's results: no file {path}. "
+                     f"Received: studies={folder}")
+  summary = owned_dir.load_json(path, received=f"studies={folder}")
   if "strategies" not in summary or "metric" not in summary:
     raise ValueError(f"{path} is not a research.compare results.json (no "
                      f"'strategies' or 'metric'). Received: studies={folder}")
