@@ -12,12 +12,17 @@ regenerated without training anything:
       --png_out=docs/results/study_vs_time.png
 """
 
+# First: quiets TF's logging before TensorFlow loads (see runtime_env); the
+# study's results.json is read by the shared reader of tf_interlock.
+from train import runtime_env  # pylint: disable=unused-import
+
 import io
 import os
 import sys
 
 from absl import app
 from absl import flags
+
 from tf_interlock import owned_dir
 
 _STUDIES = flags.DEFINE_list(
@@ -102,7 +107,7 @@ def draw(summaries):
 
 
 def main(argv):
-  if len(argv) > 1:  # one line, not absl's usage text; no TF import here
+  if len(argv) > 1:  # one line, not absl's usage text
     sys.exit(f"error: Unexpected arguments: {argv[1:]}: this binary takes "
              f"no positional arguments, only --name=value flags (see "
              f"--helpshort). Received: arguments={argv[1:]!r}")

@@ -145,7 +145,7 @@ def run_file_cases():
                                      text)), expect="either", keep="WORK/run"))
     found.append(Case(
         f"research.compare with compare_study.json {kind}", "research.compare",
-        ["--out_dir=WORK/c", "--preset=synthetic_mlp", "--train_steps=20",
+        ["--out_dir=WORK/c", "--preset=synthetic_mlp", "--train_steps=100",
          "--strategies=e2e", "--noplots"],
         setup=_write("c/compare_study.json", text), keep="WORK/c"))
   found.append(Case("train resume with config.json history 5", "train.train",
@@ -174,7 +174,7 @@ def scheme_cases():
            RUN + ["--export_dir=ram://exp"], setup=_trained, keep="WORK/run"),
       Case("research.compare --out_dir=ram://c", "research.compare",
            ["--out_dir=ram://c", "--preset=synthetic_mlp",
-            "--train_steps=20", "--strategies=e2e", "--noplots"]),
+            "--train_steps=100", "--strategies=e2e", "--noplots"]),
   ]
 
 

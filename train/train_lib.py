@@ -346,7 +346,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
       trainer.modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                      task.input_dtype),
       export_dir, owner=run_id,
-      metadata={"model_dir": run.path, "config": json.loads(
+      metadata={"model_dir": run.path, "step": step, "config": json.loads(
           config.to_json())})
   summary = {"step": step, "eval": evaluation_action.results,
              "export_dir": export_dir}
