@@ -34,7 +34,8 @@ def test_one_worker_in_two_spellings_is_refused_up_front(tmp_path, capfd):
       f"--cluster={cluster}", "--cluster_timeout_s=20",
       f"--model_dir={tmp_path}/run"], capfd)
   assert code == 1 and not out and _errors(err) == [
-      "error: cluster names one worker twice: 127.0.0.1:2345 and "
+      f"error: --cluster={cluster!r} is invalid: cluster names one worker "
+      "twice: 127.0.0.1:2345 and "
       "localhost:2345 are the same host and port; each worker needs its own "
       f"host:port. Received: cluster={cluster!r}"], err
   assert os.listdir(tmp_path) == []
