@@ -39,8 +39,8 @@ def load_study(folder):
   """A study's results.json as a dict; one line naming the file if not."""
   path = os.path.join(folder, "results.json")
   if not os.path.isfile(path):
-    raise ValueError(f"cannot read a study's results: no file {path}. "
-                     f"Received: studies={folder}")
+    raise ValueError(f"cannot read a study's results from {path} (no such "
+                     f"file). Received: studies={folder}")
   summary = owned_dir.load_json(path, received=f"studies={folder}")
   if "strategies" not in summary or "metric" not in summary:
     raise ValueError(f"{path} is not a research.compare results.json (no "
