@@ -143,16 +143,19 @@ def test_a_history_that_is_not_a_list_is_one_line(synthetic_run, tmp_path,
 @pytest.mark.parametrize("kind", ["deep", "list"])
 def test_a_hostile_lock_or_export_marker_is_no_traceback(
     synthetic_run, tmp_path, capfd, kind):
-  """lock.json and interlock_export.json read as "not a lock / export of
-  ours": the resume goes on (the lock is taken over), and an export
-  without its record needs --preset."""
+  """An unreadable lock.json is one line (its holder is unknown:
+  --break_lock decides); an unreadable interlock_export.json is "no
+  record of ours", so the export needs --preset."""
   run = _copy(synthetic_run, tmp_path)
-  with open(os.path.join(run, "lock.json"), "w", encoding="utf-8") as f:
+  lock = os.path.join(run, "lock.json")
+  with open(lock, "w", encoding="utf-8") as f:
     f.write(HOSTILE[kind])
   code, _, err = run_main("train.train", [
       "--preset=synthetic_mlp", "--train_steps=20", f"--model_dir={run}"],
                           capfd)
-  assert code == 0 and "Traceback" not in err, err
+  assert code == 1 and "Traceback" not in err and _errors(err) == [
+      f"error: {lock} is unreadable; if no run is using this model_dir, pass "
+      f"--break_lock=true. Received: lock={lock!r}"], err
   marker = os.path.join(run, "export", export_dir_lib.MARKER)
   with open(marker, "w", encoding="utf-8") as f:
     f.write(HOSTILE[kind])
