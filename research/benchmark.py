@@ -41,6 +41,7 @@ from research import benchmark_lib  # noqa: E402
 from research import host_reference  # noqa: E402
 from train import error_boundary  # noqa: E402
 from train import config as config_lib  # noqa: E402
+from train import run_dir  # noqa: E402
 
 _MODEL = flags.DEFINE_string(
     "model", "mlp", "Network: mlp, resnet or lm (the fortunes Transformer "
@@ -146,6 +147,7 @@ def validate():
                _LAYERS, _IMAGE, _CHANNELS, _REPETITIONS):
     check(flag.name, flag.value, minimum=1, integer=True)
   if _JSON_OUT.value and _ROLE.value == "main":
+    run_dir.check_lasting(_JSON_OUT.value, "--json_out")
     benchmark_lib.check_json_out(_JSON_OUT.value)
   for flag in (_CORES, _THREADS, _MODULES_PER_DEVICE):
     check(flag.name, flag.value, minimum=1, integer=True, allow_none=True)

@@ -20,6 +20,7 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
+from tf_interlock import owned_dir
 from step_model import profiling
 from step_model import schedule
 from train import config as config_lib
@@ -306,8 +307,7 @@ def read_contention(path):
   Raises:
     ValueError: one line, for a report without it (an older probe's).
   """
-  with open(path) as f:
-    report = json.load(f)
+  report = owned_dir.load_json(path, received=f"contention_from={path!r}")
   try:
     found = {int(batch): float(row["contention"])
              for batch, row in report["batches"].items()}

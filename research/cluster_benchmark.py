@@ -37,6 +37,7 @@ from train import runtime_env  # noqa: F401  (before TensorFlow)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from tf_interlock import owned_dir  # noqa: E402
 from train import error_boundary  # noqa: E402
 
 _ROLE = flags.DEFINE_enum("role", "parent", ["parent", "profile", "cluster",
@@ -176,8 +177,8 @@ def child(role):
   else:
     devices = cluster_lib.connect(cluster_lib.cluster_spec(_CLUSTER.value),
                                   120)
-    with open(_PROFILE.value) as f:
-      prof = json.load(f)
+    prof = owned_dir.load_json(_PROFILE.value,
+                               received=f"profile={_PROFILE.value!r}")
     link = transfer.probe_crossing(devices[0], devices[1],
                                    prof["boundary_shapes"][0])
     predicted = predictions(prof, link)
@@ -333,8 +334,8 @@ def parent():
   with open(profile_path, "w") as f:
     json.dump(prof, f, indent=2)
   rows = _cluster_rows(_K.value, profile_path)
-  with open(os.path.join(out, "predictions.json")) as f:
-    pred = json.load(f)
+  pred = owned_dir.load_json(os.path.join(out, "predictions.json"),
+                             received=f"out_dir={out!r}")
   rows += _run_child("simulated")
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({"model": _MODEL.value, "num_workers": _K.value,

@@ -50,6 +50,7 @@ from tf_interlock import losses
 from tf_interlock import paths
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
+from tf_interlock import owned_dir
 from step_model import representation
 from train import config as config_lib
 from train import datasets
@@ -347,9 +348,8 @@ def read_report(report_dir):
   runs = {}
   if tf.io.gfile.exists(path):
     try:
-      with tf.io.gfile.GFile(path) as f:
-        runs = json.load(f)
-    except json.JSONDecodeError:
+      runs = owned_dir.load_json(path)
+    except ValueError:
       runs = None
     if not isinstance(runs, dict) or not all(
         _is_probe_run(run) for run in runs.values()):

@@ -45,6 +45,7 @@ from tf_interlock import paths
 from train import config as config_lib
 from train import error_boundary
 from train import flags_lib
+from train import run_dir
 from research import study_lib
 from research import study_report
 from research import user_study
@@ -141,6 +142,9 @@ def compare(strategies, seeds, eval_points, jobs, target, out_dir, command):
 def main(argv):
   if not _OUT_DIR.value:
     raise app.UsageError("--out_dir is required")
+  for name, value in (("--out_dir", _OUT_DIR.value),
+                      ("--report_dir", _REPORT_DIR.value)):
+    run_dir.check_lasting(value, name)  # the study must outlive this process
   # This process only reads event files: keep it off the runs' GPUs.
   tf.config.set_visible_devices([], "GPU")
   command = "python -m research.compare " + " ".join(

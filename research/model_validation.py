@@ -45,6 +45,7 @@ from absl import app
 from absl import flags
 
 from tf_interlock import paths
+from tf_interlock import owned_dir
 from step_model import threading_plan
 from research import benchmark_lib
 from train import config as config_lib
@@ -143,8 +144,9 @@ def validate():
   if folder not in (None, "none"):
     networks = _NETWORKS.value
     if _REPREDICT.value is not None:  # The earlier run's networks.
-      with open(os.path.join(_REPREDICT.value, "predictions.json")) as f:
-        networks = {key.split("/")[0] for key in json.load(f)["groups"]}
+      networks = {key.split("/")[0] for key in owned_dir.load_json(
+          os.path.join(_REPREDICT.value, "predictions.json"), {"groups": dict},
+          received=f"repredict={_REPREDICT.value!r}")["groups"]}
     missing = [n for n in sorted(networks)
                if not os.path.isfile(os.path.join(folder, f"{n}.json"))]
     if missing:
@@ -269,10 +271,10 @@ def _header():
 
 def repredict(folder):
   """Today's model on an earlier run's profiles; its measured cells kept."""
-  with open(os.path.join(folder, "predictions.json")) as f:
-    predictions = json.load(f)
-  with open(os.path.join(folder, "measured.json")) as f:
-    measured = json.load(f)
+  predictions, measured = (owned_dir.load_json(
+      os.path.join(folder, name), {key: dict},
+      received=f"repredict={folder!r}") for name, key in (
+          ("predictions.json", "groups"), ("measured.json", "cells")))
   strategies = list(dict.fromkeys(c.split("/")[2] for c in measured["cells"]))
   for key, group in predictions["groups"].items():
     network, plan = key.split("/")

@@ -27,6 +27,7 @@ import tempfile
 from absl import app
 from absl import flags
 import tensorflow as tf
+from tf_interlock import owned_dir
 
 from step_model import schedule
 from step_model import threading_plan
@@ -71,8 +72,7 @@ def measure_costs(preset, setting, repeats, extra):
       tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
       raise RuntimeError(f"research.module_costs --preset={preset} with "
                          f"TF_ENABLE_ONEDNN_OPTS={setting} failed: {tail}")
-    with open(out) as f:
-      costs = json.load(f)
+    costs = owned_dir.load_json(out, received=f"preset={preset!r}")
   if costs.get("onednn") != setting:
     raise RuntimeError(f"research.module_costs ran with oneDNN "
                        f"{costs.get('onednn')!r}, not {setting!r}. "

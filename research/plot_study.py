@@ -12,13 +12,18 @@ regenerated without training anything:
       --png_out=docs/results/study_vs_time.png
 """
 
+# First: quiets TF's logging before TensorFlow loads (see runtime_env); the
+# study's results.json is read by the shared reader of tf_interlock.
+from train import runtime_env  # pylint: disable=unused-import
+
 import io
-import json
 import os
 import sys
 
 from absl import app
 from absl import flags
+
+from tf_interlock import owned_dir
 
 _STUDIES = flags.DEFINE_list(
     "studies", ["docs/results/study_fashion_mnist",
@@ -33,13 +38,10 @@ _PNG_OUT = flags.DEFINE_string(
 def load_study(folder):
   """A study's results.json as a dict; one line naming the file if not."""
   path = os.path.join(folder, "results.json")
-  try:
-    with open(path) as f:
-      summary = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read a study's results from {path} "
-                     f"({type(e).__name__}: {e}). Received: "
-                     f"studies={folder}") from None
+  if not os.path.isfile(path):
+    raise ValueError(f"cannot read a study's results from {path} (no such "
+                     f"file). Received: studies={folder}")
+  summary = owned_dir.load_json(path, received=f"studies={folder}")
   if "strategies" not in summary or "metric" not in summary:
     raise ValueError(f"{path} is not a research.compare results.json (no "
                      f"'strategies' or 'metric'). Received: studies={folder}")
@@ -105,7 +107,7 @@ def draw(summaries):
 
 
 def main(argv):
-  if len(argv) > 1:  # one line, not absl's usage text; no TF import here
+  if len(argv) > 1:  # one line, not absl's usage text
     sys.exit(f"error: Unexpected arguments: {argv[1:]}: this binary takes "
              f"no positional arguments, only --name=value flags (see "
              f"--helpshort). Received: arguments={argv[1:]!r}")

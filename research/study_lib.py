@@ -17,7 +17,6 @@ op costs complete and made with the same settings, no run in use.
 import collections
 import concurrent.futures
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -29,6 +28,7 @@ import tensorflow as tf
 
 from tf_interlock import metric_names
 from tf_interlock import strategy as strategy_lib
+from tf_interlock import owned_dir
 from step_model import projection
 from step_model import schedule
 from train import config as config_lib
@@ -338,8 +338,7 @@ def measure_costs(study, repeats=10, measure=launch_costs):
     return stored
   raw = path + ".raw"
   measure(study, repeats, raw)
-  with tf.io.gfile.GFile(raw) as f:
-    measured = json.load(f)
+  measured = owned_dir.load_json(raw, received=f"out_dir={study.out_dir!r}")
   tf.io.gfile.remove(raw)
   measured["settings"] = settings
   study_store.write_json(path, measured)

@@ -12,13 +12,13 @@ compare report; any other file is never touched.
 
 import dataclasses
 import io
-import json
 import os
 import platform
 
 import tensorflow as tf
 
 from tf_interlock import metric_names
+from tf_interlock import owned_dir
 from tf_interlock import placement as placement_lib
 from tf_interlock import paths
 from step_model import projection
@@ -41,12 +41,10 @@ FORMER_COMMANDS = ("python -m train.compare",)
 def _is_compare_results(path):
   """True if `path` is the results.json of a compare study."""
   try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      results = json.loads(f.read().decode("utf-8"))
-  except (ValueError, tf.errors.OpError):
+    results = owned_dir.load_json(path)
+  except ValueError:
     return False
-  return (isinstance(results, dict) and
-          isinstance(results.get("strategies"), dict) and
+  return (isinstance(results.get("strategies"), dict) and
           str(results.get("command", "")).startswith(
               (COMMAND,) + FORMER_COMMANDS))
 

@@ -13,6 +13,7 @@ import numbers
 
 import tensorflow as tf
 
+from tf_interlock import owned_dir
 from tf_interlock import paths
 
 _NUMBER = numbers.Real
@@ -68,21 +69,13 @@ def read(path, settings, fields, check=None):
   """
   if not tf.io.gfile.exists(path):
     return None
-  value, problem = None, None
-  if paths.special_kind(path) is not None:  # a FIFO's read would block
-    problem = f"is {paths.special_kind(path)}, not a regular file"
-  else:
-    try:
-      with tf.io.gfile.GFile(path, "rb") as f:
-        value = json.loads(f.read().decode("utf-8"))
-    except (ValueError, tf.errors.OpError) as e:
-      problem = (f"is not readable JSON "
-                 f"({(str(e).splitlines() or [''])[0][:80]})")
+  try:  # the shared reader: FIFOs unread, nesting and shape checked
+    value, problem = owned_dir.load_json(path), None
+  except ValueError as e:
+    value, problem = None, str(e)
   if problem is None:
-    bad = _bad_fields(value, fields) if isinstance(value, dict) else None
-    if bad is None:
-      problem = "is not a JSON object"
-    elif bad:
+    bad = _bad_fields(value, fields)
+    if bad:
       problem = "lacks " + ", ".join(bad)
     else:
       problem = check(value) if check else None

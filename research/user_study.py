@@ -49,6 +49,7 @@ import tensorflow as tf
 
 import tf_interlock as ti
 from tf_interlock import paths
+from tf_interlock import owned_dir
 from research import study_lib
 from research import study_report
 
@@ -247,8 +248,7 @@ def train_cell(study, strategy, seed, model_dir):
                                     seed=seed, model_dir=model_dir),
                    os.path.join(study.out_dir, "logs",
                                 f"{strategy}_seed_{seed}.log"))
-  with tf.io.gfile.GFile(raw) as f:
-    return json.load(f)
+  return owned_dir.load_json(raw, received=f"out_dir={study.out_dir!r}")
 
 
 def measure_cell(study, repeats, raw):

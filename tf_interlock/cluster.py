@@ -18,6 +18,7 @@ TensorFlow's own multi-worker tools read:
 `{"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": {...}}`.
 """
 
+import ipaddress
 import json
 import os
 import re
@@ -62,12 +63,41 @@ def parse_addresses(text):
       raise ValueError(
           f"cluster entry {entry!r} is not host:port with a port in "
           f"1..65535. Received: cluster={text!r}")
-  duplicates = sorted({e for e in entries if entries.count(e) > 1})
-  if duplicates:
-    raise ValueError(
-        f"cluster names {duplicates[0]} twice; each worker needs its own "
-        f"host:port. Received: cluster={text!r}")
+  seen = {}
+  for entry in entries:
+    for key in _endpoints(entry):
+      if key in seen and seen[key] != entry:
+        raise ValueError(
+            f"cluster names one worker twice: {seen[key]} and {entry} are "
+            f"the same host and port; each worker needs its own host:port. "
+            f"Received: cluster={text!r}")
+      if key in seen:
+        raise ValueError(
+            f"cluster names {entry} twice; each worker needs its own "
+            f"host:port. Received: cluster={text!r}")
+    seen.update(dict.fromkeys(_endpoints(entry), entry))
   return entries
+
+
+def _endpoints(entry):
+  """The (address, port) pairs `entry` ("host:port") reaches: its host
+  resolved (all loopback addresses are one: a worker listens on every
+  address of its host); the host's own name where it does not resolve."""
+  host, _, port = entry.rpartition(":")
+  host = host.strip("[]")
+  try:
+    found = {info[4][0] for info in socket.getaddrinfo(
+        host, int(port), type=socket.SOCK_STREAM)}
+  except (socket.gaierror, UnicodeError):
+    found = {host.lower()}
+  return {("loopback" if _is_loopback(a) else a, int(port)) for a in found}
+
+
+def _is_loopback(address):
+  try:
+    return ipaddress.ip_address(address.split("%")[0]).is_loopback
+  except ValueError:
+    return False
 
 
 def addresses_from_tf_config(environ=None):
@@ -141,7 +171,7 @@ def reachable(address, timeout_s):
     return False
 
 
-def answers_as_worker(address, timeout_s):
+def worker_status(address, timeout_s):
   """Whether `address` is a TF worker: a bounded gRPC handshake.
 
   Asks TF's own WorkerService for its status (an empty GetStatusRequest),
@@ -154,16 +184,22 @@ def answers_as_worker(address, timeout_s):
     timeout_s: seconds to wait for the answer.
 
   Returns:
-    None when it answers as a TF worker, else why not (a few words).
+    (its GetStatusResponse as bytes, None) when it answers as a TF worker,
+    else (None, why not: a few words).
   """
   import grpc  # pylint: disable=g-import-not-at-top
   try:
     with grpc.insecure_channel(address) as channel:
-      channel.unary_unary("/tensorflow.WorkerService/GetStatus")(
-          b"", timeout=timeout_s)
-    return None
+      return channel.unary_unary("/tensorflow.WorkerService/GetStatus")(
+          b"", timeout=timeout_s), None
   except grpc.RpcError as e:
     code, details = e.code(), e.details() or ""
+  return None, _why_not(code, details)
+
+
+def _why_not(code, details):
+  """Why a GetStatus answered with gRPC's `code` is not a TF worker's."""
+  import grpc  # pylint: disable=g-import-not-at-top
   if code == grpc.StatusCode.DEADLINE_EXCEEDED:
     return ("accepts connections but does not answer (frozen, or another "
             "program listens there)")
@@ -182,18 +218,19 @@ def wait_for_workers(spec, timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
 
   A bounded wait: TF's own connect would retry a missing worker for a long
   time without saying which one is missing, and would wait forever on a
-  port where something else accepts connections (`answers_as_worker`).
+  port where something else accepts connections (`worker_status`).
 
   Raises:
     ConnectionError: one line naming every worker still missing.
   """
   addresses = spec.job_tasks(JOB)
   missing = {t: "" for t in range(len(addresses))}
+  statuses = {}
   deadline = time.monotonic() + timeout_s
   while True:
     for t in list(missing):
       left = max(deadline - time.monotonic(), 0.5)
-      missing[t] = answers_as_worker(addresses[t], min(left, 5.0))
+      statuses[t], missing[t] = worker_status(addresses[t], min(left, 5.0))
       if missing[t] is None:
         del missing[t]
     if not missing or time.monotonic() >= deadline:
@@ -214,6 +251,43 @@ def wait_for_workers(spec, timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
         f"that port or pick another, and start python -m train.worker "
         f"--cluster=... --task=N there. "
         f"Received: cluster={','.join(addresses)}")
+  check_identities(addresses, statuses)
+
+
+# A worker's own device names in its GetStatus answer (a DeviceAttributes
+# proto per device; its name field holds the task the worker was started as).
+_OWN_TASK = re.compile(rb"/job:worker/replica:\d+/task:(\d+)/")
+
+
+def check_identities(addresses, statuses):
+  """Raises unless the worker answering at task t's address is task t.
+
+  One worker reached under two spellings (127.0.0.1:P and localhost:P,
+  which no resolution of the names may reveal: a worker listens on every
+  address of its host), or workers started with the list in another
+  order, would make TF's runtime wait for good on the first op that
+  crosses them: refused here, within the connect's bounded wait.
+
+  Args:
+    addresses: the cluster's host:port, in task order.
+    statuses: {task: the worker's GetStatusResponse bytes}.
+
+  Raises:
+    ConnectionError: one line naming the address and the task it is.
+  """
+  for t, address in enumerate(addresses):
+    found = _OWN_TASK.search(statuses.get(t) or b"")
+    own = int(found.group(1)) if found else t
+    if own == t:
+      continue
+    same = [u for u in range(len(addresses))
+            if u != t and statuses.get(u) == statuses[t]]
+    what = (f"the same worker as task {same[0]} ({addresses[same[0]]})"
+            if same else f"a worker started as --task={own}")
+    raise ConnectionError(
+        f"the cluster lists {address} as task {t}, but {what} answers "
+        f"there; list each worker once, in the order of the workers' own "
+        f"--cluster and --task. Received: cluster={','.join(addresses)}")
 
 
 def connect(spec, timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
@@ -240,6 +314,12 @@ def connect(spec, timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
         f"connected, but the client sees {len(devices)} of "
         f"{spec.num_tasks(JOB)} workers' devices ({devices}). "
         f"Received: cluster={','.join(spec.job_tasks(JOB))}")
+  # A first op on every worker: where the cluster is not what its workers
+  # were started with, TF waits here for good (a caller with a watchdog
+  # bounds it; `check_identities` has refused the cases it can see).
+  for device in devices:
+    with tf.device(device):
+      tf.identity(tf.constant(0)).numpy()
   return devices
 
 

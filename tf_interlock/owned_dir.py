@@ -49,33 +49,86 @@ import tensorflow as tf
 from tf_interlock import paths
 
 
-def load_json(path):
+# Run files hold a few levels of objects; deeper nesting is hostile (it
+# would exhaust Python's recursion in json or in a later comparison).
+MAX_JSON_DEPTH = 32
+
+
+def _depth_problem(value):
+  """Why `value` nests too deeply, or None (an iterative walk: a recursive
+  one would fail on the very input it checks)."""
+  stack = [(value, 1)]
+  while stack:
+    item, depth = stack.pop()
+    if depth > MAX_JSON_DEPTH:
+      return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    children = (item.values() if isinstance(item, dict) else
+                item if isinstance(item, list) else ())
+    stack.extend((child, depth + 1) for child in children
+                 if isinstance(child, (dict, list)))
+  return None
+
+
+def load_json(path, fields=None, received=None):
   """The JSON object at `path`, or ValueError saying why it is none.
 
-  A FIFO (whose read would block forever), a socket or a device is refused
-  unread; a missing file, bad JSON or a JSON value that is not an object is
-  "not a readable JSON object".
+  The one reader of the JSON files we read back (run files, markers,
+  locks, a study's records, a vocabulary): it checks their shape. A FIFO
+  (whose read would block forever), a socket or a device is refused
+  unread; a missing file, bad JSON, JSON nested deeper than
+  MAX_JSON_DEPTH, a value that is not an object, or one whose `fields`
+  lack or mistype an entry is "not a readable JSON object".
+
+  Args:
+    path: the file.
+    fields: optional {name: type or tuple of types} the object must hold.
+    received: None: the error is the reason alone ("is ..."), for the
+      caller's line; else the whole line, "<path> is ... Received:
+      <received>" (e.g. "report_dir='x'").
+
+  Raises:
+    ValueError: see `received`.
   """
+  if received is not None:
+    try:
+      return load_json(path, fields)
+    except ValueError as e:
+      raise ValueError(f"{path} {e}. Received: {received}") from None
   kind = paths.special_kind(path)
   if kind is not None:
     raise ValueError(f"is {kind}, not a regular file")
   try:
     with tf.io.gfile.GFile(path, "rb") as f:
       value = json.loads(f.read().decode("utf-8"))
-    if not isinstance(value, dict):
-      raise ValueError("not a JSON object")
+    problem = _depth_problem(value) or (
+        None if isinstance(value, dict) else "not a JSON object")
+    if problem is None:
+      for name, kind in (fields or {}).items():
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        found = value.get(name)
+        if not isinstance(found, kinds) or (isinstance(found, bool) and
+                                            bool not in kinds):
+          problem = (f"its {name!r} is {str(found)[:40]!r}, not "
+                     f"{' or '.join(k.__name__ for k in kinds)}")
+          break
+    if problem:
+      raise ValueError(problem)
+  except RecursionError:
+    raise ValueError("is not a readable JSON object (nested too deeply)"
+                     ) from None
   except (ValueError, tf.errors.OpError) as e:
     reason = (str(e).splitlines() or [""])[0][:100]
     raise ValueError(f"is not a readable JSON object ({reason})") from None
   return value
 
 
-def read_json(path):
-  """The JSON object at `path`: None when absent, {} when unreadable."""
+def read_json(path, fields=None):
+  """The JSON object at `path`: None when absent, {} when unreadable (or
+  of another shape: see `load_json`)."""
   if not tf.io.gfile.exists(path):
     return None
   try:
-    return load_json(path)
+    return load_json(path, fields)
   except ValueError:
     return {}
 

@@ -186,8 +186,13 @@ def write_atomic(path, text, overwrite=True):
       temporary file is removed first).
   """
   tmp = join(parent(path), f".tmp-{uuid.uuid4().hex[:8]}-{basename(path)}")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(text)
+  try:
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+  except BaseException:  # a full disk, a signal: no partial file stays
+    if tf.io.gfile.exists(tmp):
+      tf.io.gfile.remove(tmp)
+    raise
   try:
     tf.io.gfile.rename(tmp, path, overwrite=overwrite)
   except tf.errors.AlreadyExistsError:

@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools import hostile_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools import hostile_containment  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tools import hostile_mismatch_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools import hostile_stops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools.hostile_judge import (_env, _orphans, checkpoint_hash, judge,  # pylint: disable=g-import-not-at-top,wrong-import-position
                                  judge_resume, snapshot)
@@ -41,7 +42,8 @@ def cases():
   """The sweep's cases, in order."""
   return (hostile_cases.bad_flag_cases() + hostile_cases.folder_cases() +
           hostile_stops.cluster_cases() + hostile_stops.signal_cases() +
-          hostile_stops.api_cases() + hostile_containment.containment_cases())
+          hostile_stops.api_cases() + hostile_containment.containment_cases() +
+          hostile_mismatch_cases.cases())
 
 
 def _listener():
@@ -110,6 +112,8 @@ def _act(case, proc, work):
           pass
     elif step[0] == "worker":
       hostile_stops.PEERS[work][step[1]].send_signal(step[2])
+    elif step[0] == "call":  # a function of the binary's process and folder
+      step[1](proc, work)
     else:
       with open(os.path.join(work, ".ready.go"), "w", encoding="utf-8"):
         pass
@@ -161,6 +165,7 @@ def batchable(case):
   and environment (tests.refusals), TF's import paid once."""
   # train.worker's boundary leaves by os._exit (its gRPC threads): alone.
   return (case.expect == "refuse" and not case.hold and not case.act and
+          not getattr(case, "alone", False) and
           case.module != "train.worker" and
           "PEERS" not in " ".join(case.args) and "IMPOSTOR" not in
           " ".join(case.args) and not any(

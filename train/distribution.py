@@ -105,8 +105,15 @@ def connect_cluster(config):
       --cluster_timeout_s.
   """
   spec = cluster_lib.cluster_spec(config.devices.cluster)
+  timeout_s = config.devices.cluster_timeout_s
   try:
-    cluster_lib.connect(spec, config.devices.cluster_timeout_s)
+    cluster_lib.wait_for_workers(spec, timeout_s)  # bounded by itself
+    # TF's connect and first remote op have no timeout of their own.
+    workers = ",".join(spec.job_tasks(cluster_lib.JOB))
+    with stop_watchdog.bounded(timeout_s, f"connecting to the workers "
+                               f"{workers} (--cluster_timeout_s="
+                               f"{timeout_s:g})"):
+      cluster_lib.connect(spec, timeout_s)
   except ConnectionError as e:
     raise ValueError(str(e)) from None
   # A worker that stops answering is named within --cluster_timeout_s.

@@ -48,6 +48,7 @@ import sys
 import traceback
 
 from absl import app
+from absl import flags
 from absl import logging
 import tensorflow as tf
 
@@ -155,6 +156,20 @@ def describe(e):
   return None
 
 
+def empty_list_entry():
+  """The line refusing a list flag given with an empty entry
+  (--strategies=e2e,,local), or None. absl keeps the empty string as an
+  entry, which a binary would otherwise drop or misread in silence."""
+  for name in flags.FLAGS:
+    flag = flags.FLAGS[name]
+    if (flag.present and isinstance(flag.parser, flags.ListParser) and
+        any(not str(entry).strip() for entry in flag.value or ())):
+      text = ",".join(flag.value)
+      return (f"--{name}={text!r} has an empty entry: give one value "
+              f"between each two commas. Received: {name}={text!r}")
+  return None
+
+
 def guard(interrupted="nothing was left half-written", hard_exit=False):
   """Decorates a binary's `main(argv)` with the boundary (for `app.run`).
 
@@ -192,6 +207,9 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
           _fail(f"Unexpected arguments: {argv[1:]}: this binary takes no "
                 f"positional arguments, only --name=value flags (see "
                 f"--helpshort). Received: arguments={argv[1:]!r}")
+        empty = empty_list_entry()
+        if empty:
+          _fail(empty)
         return main(argv)
       except app.UsageError as e:  # absl would print its whole usage text
         _fail(str(e))

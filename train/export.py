@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 
 from train import error_boundary
+from train import run_dir
 from train import run_io
 
 _MODEL_DIR = flags.DEFINE_string(
@@ -35,6 +36,7 @@ def main(argv):
   del argv  # flags only (error_boundary refuses positional arguments)
   if not _MODEL_DIR.value:
     raise ValueError("--model_dir is required. Received: model_dir=None")
+  run_dir.check_lasting(_EXPORT_DIR.value, "--export_dir")
   print(run_io.export_run(_MODEL_DIR.value, _EXPORT_DIR.value,
                           _CHECKPOINT.value))
 

@@ -43,6 +43,11 @@ def _parse(field, text):
     base = [t for t in typing.get_args(base) if t is not type(None)][0]
   if optional and text.lower() in ("none", ""):
     return None
+  if typing.get_origin(base) is tuple and not all(
+      part.strip() for part in text.split(",")):  # never dropped silently
+    raise ValueError(f"--{field.name}={text!r} has an empty entry: give one "
+                     f"value between each two commas. Received: "
+                     f"{field.name}={text!r}")
   try:
     if base is bool:
       if text.lower() not in ("true", "false", "1", "0"):
@@ -50,7 +55,7 @@ def _parse(field, text):
       return text.lower() in ("true", "1")
     if typing.get_origin(base) is tuple:
       item = typing.get_args(base)[0]
-      return tuple(item(part) for part in text.split(",") if part)
+      return tuple(item(part) for part in text.split(","))
     return base(text)
   except ValueError:
     raise ValueError(f"--{field.name}={text!r} is not a valid "

@@ -88,6 +88,33 @@ def check_literal(path, name="--model_dir"):
         f"{name.lstrip('-')}={os.fspath(path)!r}")
 
 
+# TF's file systems whose files live in this process's memory only.
+IN_MEMORY_SCHEMES = ("ram",)
+
+
+def check_lasting(path, name):
+  """Raises if `path` would vanish with the process (ram://).
+
+  A binary's run, export or study must outlive it: on ram:// it would
+  exit 0, report where they are, and lose them (a rerun starts from
+  scratch). The library itself takes ram:// (tests use it for gs://).
+
+  Args:
+    path: a local path or URL, or None (nothing to check).
+    name: the flag that set it, e.g. "--model_dir".
+
+  Raises:
+    ValueError: naming the flag and what is allowed.
+  """
+  if path and os.fspath(path).split("://", 1)[0].lower() in (
+      IN_MEMORY_SCHEMES) and paths.is_url(os.fspath(path)):
+    raise ValueError(
+        f"{name}={path} is in this process's memory, which is lost when the "
+        f"binary exits: nothing was written; use a local folder or a "
+        f"lasting file system such as gs://. Received: "
+        f"{name.lstrip('-')}={os.fspath(path)!r}")
+
+
 class RunDir:
   """Paths and checked reads/writes of one run directory.
 
@@ -225,9 +252,9 @@ class RunDir:
 
     return owned_dir.foreign_entries(self.path, ours, recursive=True)
 
-  def _read_json(self, path):
+  def _read_json(self, path, fields=None):
     try:
-      return owned_dir.load_json(path)
+      return owned_dir.load_json(path, fields)
     except ValueError as e:
       raise ValueError(f"{path} {e}; nothing was changed: repair, replace "
                        f"or move it away. {self._received}") from None
@@ -241,7 +268,14 @@ class RunDir:
     """config.json as a dict, or None in a new run directory."""
     if not tf.io.gfile.exists(self.config_path):
       return None
-    return self._read_json(self.config_path)
+    saved = self._read_json(self.config_path)
+    history = saved.get("history", [])  # earlier starts' changes (train_lib)
+    if not isinstance(history, list) or not all(
+        isinstance(entry, dict) for entry in history):
+      raise ValueError(f"{self.config_path} has history={str(history)[:60]!r}"
+                       f", which must be a list of objects; nothing was "
+                       f"changed: repair or move it. {self._received}")
+    return saved
 
   def write_config(self, text):
     self._write_atomic(self.config_path, text)
@@ -269,11 +303,7 @@ class RunDir:
     """The run's id (run.json), made on first use if `create`."""
     path = self.file(RUN_INFO)
     if tf.io.gfile.exists(path):
-      run_id = self._read_json(path).get("run_id")
-      if not isinstance(run_id, str):
-        raise ValueError(f"{path} holds no run_id; nothing was changed: "
-                         f"repair or move it. {self._received}")
-      return run_id
+      return self._read_json(path, {"run_id": str})["run_id"]
     if not create:
       return None
     run_id = uuid.uuid4().hex

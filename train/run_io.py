@@ -146,7 +146,39 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
                                task.input_dtype), export_dir,
         owner=run.run_id(create=True),
         metadata={"model_dir": run.path,
-                  "config": json.loads(config.to_json())})
+                  "config": json.loads(config.to_json()),
+                  "step": train_lib.checkpoint_step(latest)})
+
+
+def check_export_of(saved_model, recorded, model_dir):
+  """Raises if `saved_model` was exported from a run of another network.
+
+  An export records what it was made from in its marker (the run's
+  model_dir, config and checkpoint step); evaluated with --model_dir, it
+  must be of that run's architecture and data. An export without that
+  record (`export_saved_model` called directly) is not checked.
+
+  Args:
+    saved_model: --saved_model.
+    recorded: the `Config` of --model_dir's run.
+    model_dir: --model_dir.
+
+  Raises:
+    ValueError: one line naming the first field that differs.
+  """
+  marker = export_dir_lib.read_marker(saved_model) or {}
+  if not isinstance(marker.get("config"), dict):
+    return
+  made_from = config_from_dict(
+      marker["config"], f"{saved_model}/{export_dir_lib.MARKER}")
+  for name in train_lib.ARCHITECTURE_FIELDS:
+    if name != "optimizer" and made_from.get(name) != recorded.get(name):
+      raise ValueError(
+          f"--saved_model={saved_model} was exported from the run "
+          f"{marker.get('model_dir')} with {name}={made_from.get(name)!r}, "
+          f"but --model_dir={model_dir} has {name}={recorded.get(name)!r}: "
+          f"evaluate it with its own run's --model_dir, or with "
+          f"--saved_model alone. Received: saved_model={saved_model!r}")
 
 
 def evaluation_config(saved_model, model_dir, flag_config, given,
@@ -169,6 +201,8 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
     run = run_dir_lib.RunDir(model_dir)
     run.check_layout()
     recorded = config_from_run(run)
+    if saved_model:
+      check_export_of(saved_model, recorded, model_dir)
     saved_model = saved_model or recorded.run.export_dir or run.default_export_dir
   elif not saved_model:
     raise ValueError("--saved_model or --model_dir is required. Received: "

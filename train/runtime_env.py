@@ -99,6 +99,72 @@ def has_nvidia_driver():
   return os.path.exists("/proc/driver/nvidia/version")
 
 
+def _whole(low, high=None):
+  """A check of text that must be a whole number in [low, high]."""
+  def check(text):
+    try:
+      value = int(text)
+    except ValueError:
+      return False
+    return value >= low and (high is None or value <= high)
+  return check
+
+
+def _grace(text):
+  try:
+    return 0 < float(text) < 3600
+  except ValueError:
+    return False
+
+
+_BOOL = ("0", "1", "true", "false")
+# Variables that TensorFlow, OpenMP or our watchdog read as the process
+# starts: {name: (check of the text, what it takes)}. TF aborts with a
+# stack dump on TF_NUM_INTRAOP_THREADS=-5 and ignores most other bad
+# values in silence; either way the user's setting is lost.
+ENVIRONMENT = {
+    "TF_NUM_INTRAOP_THREADS": (_whole(0), "a whole number >= 0 (0: TF's "
+                               "default)"),
+    "TF_NUM_INTEROP_THREADS": (_whole(0), "a whole number >= 0 (0: TF's "
+                               "default)"),
+    "OMP_NUM_THREADS": (lambda t: all(_whole(1)(p) for p in t.split(",")),
+                        "whole numbers >= 1, comma-separated"),
+    "TF_CPP_MIN_LOG_LEVEL": (_whole(0, 3), "0, 1, 2 or 3"),
+    "TF_CPP_MAX_VLOG_LEVEL": (_whole(0), "a whole number >= 0"),
+    "TF_ENABLE_ONEDNN_OPTS": (lambda t: t.lower() in _BOOL, "0 or 1"),
+    "TF_OVERRIDE_GLOBAL_THREADPOOL": (lambda t: t.lower() in _BOOL, "0 or 1"),
+    "TF_DETERMINISTIC_OPS": (lambda t: t.lower() in _BOOL, "0 or 1"),
+    "TF_INTERLOCK_STOP_GRACE_S": (_grace, "seconds, more than 0 and less "
+                                  "than 3600"),
+}
+
+
+def environment_problem(environ=None):
+  """The line refusing a bad start-up variable of `environ`, or None.
+
+  Args:
+    environ: the environment (None: os.environ). An empty value counts as
+      unset.
+  """
+  environ = os.environ if environ is None else environ
+  for name, (check, takes) in ENVIRONMENT.items():
+    text = environ.get(name, "")
+    if text.strip() and not check(text.strip()):
+      return (f"{name}={text!r} in the environment is not {takes}; it is "
+              f"read as the process starts, before any flag: unset it or "
+              f"fix it. Received: {name}={text!r}")
+  return None
+
+
+def _check_environment():
+  """Leaves with one line (exit 1) if a start-up variable is bad: before
+  TensorFlow is imported, since TF may abort on it."""
+  problem = environment_problem()
+  if problem:
+    os.write(2, f"error: {problem}\n".encode())
+    sys.exit(1)
+
+
 def _import_tensorflow_quietly():
   """Imports TensorFlow with stderr (fd 2) captured.
 
@@ -170,6 +236,7 @@ def configure(argv=None):
     argv: command-line arguments; None reads sys.argv.
   """
   _guard_start_up()
+  _check_environment()
   verbose = is_verbose(argv)
   defaults = environment_defaults(verbose)
   if not verbose and "--placement=cluster" in (sys.argv if argv is None

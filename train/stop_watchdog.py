@@ -29,12 +29,19 @@ a script; stdlib only, no TensorFlow, so it starts in milliseconds):
   and the binary is stopped the same way. A worker whose port refuses is
   left to the binary, whose TF error names it (`cluster.describe_failure`).
 
+* A wait inside TF that was given a timeout but cannot honour it (the
+  first op on a cluster's workers) runs in `bounded(seconds, what)`: past
+  its deadline the watchdog names it in one line and stops the binary.
+
 The watchdog ignores SIGINT and SIGTERM itself (Ctrl-C reaches the whole
 process group) and exits when the binary does: its pipes close. The
 binary tells it what it knows with `note` (a JSON line on a second pipe).
-No thread is added to the binary.
+No thread is added to the binary. A watchdog that dies (killed by hand, or
+by the OOM killer) is found after the next training loop (`Watch`) or the
+next `note`: the binary names it in one line and starts a new one.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -52,7 +59,6 @@ PARENT_ENV = "TF_INTERLOCK_PARENT_PID"
 DEFAULT_GRACE_S = 3.0
 _STOPPING = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT",
              signal.SIGHUP: "SIGHUP"}
-_notes_fd = None
 
 
 def grace_s(environ=None):
@@ -65,6 +71,15 @@ def grace_s(environ=None):
   return value if 0 < value < 3600 else DEFAULT_GRACE_S
 
 
+class _Child:
+  """This process's watchdog: its process, the facts it was told (for a
+  replacement), and the write end of its notes pipe."""
+  proc = None
+  facts = {}
+  notes_fd = None
+  signals_fd = None
+
+
 def start(interrupted):
   """Starts the watchdog of this process (once; from the main thread).
 
@@ -72,16 +87,25 @@ def start(interrupted):
     interrupted: what the binary leaves when stopped (the error boundary's
       text), for the watchdog's line when it has no checkpoint to name.
   """
-  global _notes_fd
-  if _notes_fd is not None:
+  if _Child.proc is not None:
     note(interrupted=interrupted)
     return
   if threading.current_thread() is not threading.main_thread():
     return  # only the main thread may set the wakeup fd
+  _Child.facts = {}
+  _spawn()
+  note(interrupted=interrupted)
+  parent = os.environ.get(PARENT_ENV, "")
+  if parent.isdigit() and int(parent) == os.getppid():
+    note(parent=int(parent))
+
+
+def _spawn():
+  """Starts a watchdog process and points the wakeup fd at it."""
   signals_r, signals_w = os.pipe()
   notes_r, notes_w = os.pipe()
   os.set_blocking(signals_w, False)  # set_wakeup_fd needs a non-blocking fd
-  subprocess.Popen(  # pylint: disable=consider-using-with
+  proc = subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, os.path.abspath(__file__), str(os.getpid()),
        str(grace_s()), str(signals_r), str(notes_r)],
       pass_fds=(signals_r, notes_r), stdin=subprocess.DEVNULL,
@@ -91,32 +115,96 @@ def start(interrupted):
   for fd in (signals_w, notes_w):
     os.set_inheritable(fd, False)
   signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
-  _notes_fd = notes_w
-  note(interrupted=interrupted)
-  parent = os.environ.get(PARENT_ENV, "")
-  if parent.isdigit() and int(parent) == os.getppid():
-    note(parent=int(parent))
+  for fd in (_Child.signals_fd, _Child.notes_fd):
+    if fd is not None:
+      os.close(fd)
+  _Child.proc, _Child.signals_fd, _Child.notes_fd = proc, signals_w, notes_w
+  if _Child.facts:  # a replacement: told what the last one knew
+    _send(_Child.facts)
 
 
 def running():
   """Whether this process started a watchdog (a binary's own main did)."""
-  return _notes_fd is not None
+  return _Child.proc is not None
+
+
+def _send(facts):
+  try:
+    os.write(_Child.notes_fd, (json.dumps(facts) + "\n").encode())
+    return True
+  except OSError:
+    return False  # the watchdog is gone (EPIPE)
 
 
 def note(**facts):
   """Tells the watchdog facts for its line (model_dir=, interrupted=, said=,
-  workers=, timeout_s=); nothing when none runs."""
-  if _notes_fd is None:
+  workers=, timeout_s=); nothing when none runs. A watchdog found dead is
+  replaced (`ensure_running`)."""
+  if _Child.proc is None:
     return
+  _Child.facts.update(facts)
+  if not _send(facts):
+    ensure_running()
+
+
+def ensure_running(out=None):
+  """Replaces a watchdog that died (killed, say), with one line on `out`
+  (default: stderr) naming it. Called after every training loop
+  (`Watch`) and whenever a fact cannot reach it.
+
+  Returns:
+    The line, or None while the watchdog runs (or none was started).
+  """
+  proc = _Child.proc
+  if proc is None or proc.poll() is None or threading.current_thread() is (
+      not threading.main_thread()):
+    return None
+  code = proc.returncode
   try:
-    os.write(_notes_fd, (json.dumps(facts) + "\n").encode())
-  except OSError:
-    pass  # the watchdog is gone: the binary goes on without it
+    how = f"was killed by {signal.Signals(-code).name}"
+  except ValueError:
+    how = f"exited with status {code}"
+  _spawn()
+  line = (f"warning: the stop watchdog (pid {proc.pid}) {how}; started a "
+          f"new one (pid {_Child.proc.pid}), so a signal during a long "
+          f"TensorFlow call is still acted on within {grace_s():g} s")
+  print(line, file=out or sys.stderr, flush=True)
+  return line
+
+
+class Watch:
+  """A training loop action (train/actions.py's protocol): after each
+  loop, a watchdog that died is replaced and named (`ensure_running`)."""
+
+  def __init__(self, out=None):
+    self.out = out
+
+  def after_loop(self, loop):
+    del loop
+    ensure_running(self.out)
 
 
 def note_workers(addresses, timeout_s):
   """placement=cluster: the workers to watch and --cluster_timeout_s."""
   note(workers=list(addresses), timeout_s=float(timeout_s))
+
+
+@contextlib.contextmanager
+def bounded(seconds, what):
+  """Stops this binary in one line if the block takes over `seconds`.
+
+  For a wait inside TensorFlow's C++ that has a timeout but no way to
+  honour it (TF's first remote op waits for its peers for good): the
+  watchdog prints "error: <what> did not finish within <seconds> s ..."
+  and kills the binary, as for a signal it holds up. Nothing when no
+  watchdog runs (a main called inside a test).
+  """
+  note(deadline=time.time() + seconds, deadline_what=what,
+       deadline_s=float(seconds))
+  try:
+    yield
+  finally:
+    note(deadline=None)
 
 
 # ---- the watchdog process ------------------------------------------------
@@ -161,7 +249,7 @@ def kept(facts):
 def answers(address, timeout_s):
   """None when `address` answers TF's WorkerService.GetStatus within
   timeout_s, else gRPC's status code name (DEADLINE_EXCEEDED: no answer).
-  The same request as `tf_interlock.cluster.answers_as_worker`."""
+  The same request as `tf_interlock.cluster.worker_status`."""
   import grpc  # pylint: disable=g-import-not-at-top
   with grpc.insecure_channel(address) as channel:
     call = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
@@ -260,6 +348,8 @@ class Watchdog:
         waits.append(self.deadline - now)
       if self.facts.get("workers"):
         waits.append(self.next_probe - now)
+      if self.facts.get("deadline"):
+        waits.append(self.facts["deadline"] - time.time())
       ready, _, _ = select.select([self.signals_fd, self.notes_fd], [], [],
                                   max(min(waits), 0.0))
       if self.signals_fd in ready and not self._read_signals():
@@ -280,6 +370,12 @@ class Watchdog:
       if (self.facts.get("workers") and self.received is None and
           now >= self.next_probe):
         self._probe_workers()
+      if (self.facts.get("deadline") and self.received is None and
+          time.time() >= self.facts["deadline"]):
+        self._stop(
+            f"{self.facts.get('deadline_what')} did not finish within "
+            f"{self.facts.get('deadline_s', 0):g} s, so the binary was "
+            f"stopped; {kept(self.facts)}")
 
 
 def main(argv):

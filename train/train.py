@@ -17,6 +17,7 @@ from absl import flags
 
 from train import error_boundary
 from train import flags_lib
+from train import run_dir
 from train import train_lib
 
 _BREAK_LOCK = flags.DEFINE_bool(
@@ -31,6 +32,8 @@ flags.adopt_module_key_flags(flags_lib)
 def main(argv):
   del argv  # flags only (error_boundary refuses positional arguments)
   config = flags_lib.config_from_flags()
+  for name in ("model_dir", "export_dir"):  # must outlive this process
+    run_dir.check_lasting(config.get(name), f"--{name}")
   train_lib.run(config, break_lock=_BREAK_LOCK.value)
 
 

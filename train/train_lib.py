@@ -37,6 +37,7 @@ from train import optimization
 from train import preflight
 from train import run_lock
 from train import runtime_setup
+from train import stop_watchdog
 from train.controller import Controller
 from train.run_dir import RunDir
 
@@ -315,6 +316,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
   preemption = actions_lib.Preemption(checkpointing)
   loop_actions = [
       actions_lib.LockHeartbeat(lock),  # first: nothing written if lost
+      stop_watchdog.Watch(),  # a killed watchdog is named and replaced
       actions_lib.StepVariable(global_step),
       actions_lib.Progress(out, config.run.batch_size, progbar),
       actions_lib.Summaries(tf.summary.create_file_writer(run.train_log_dir),
@@ -344,7 +346,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
       trainer.modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                      task.input_dtype),
       export_dir, owner=run_id,
-      metadata={"model_dir": run.path, "config": json.loads(
+      metadata={"model_dir": run.path, "step": step, "config": json.loads(
           config.to_json())})
   summary = {"step": step, "eval": evaluation_action.results,
              "export_dir": export_dir}

@@ -149,6 +149,9 @@ def read_split(source_dir: str, split: str,
   image_path = resolve_idx_file(source_dir, image_stem)
   label_path = resolve_idx_file(source_dir, label_stem)
   images = read_idx(image_path, _IMAGE_MAGIC, (IMAGE_SIZE, IMAGE_SIZE), count)
+  if not len(images):  # TFDS would fail later: "No examples were yielded"
+    raise ValueError(f"{image_path} holds 0 images; the {split} split needs "
+                     f"at least one. Received: path={image_path}")
   labels = read_idx(label_path, _LABEL_MAGIC, (), count)
   if len(labels) != len(images):
     raise ValueError(f"{label_path} holds {len(labels)} labels, expected "

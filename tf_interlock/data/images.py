@@ -335,6 +335,18 @@ def image_dataset(name: str, split: str, batch_size: int, *, training: bool,
     if "corresponds to no data" in str(e):
       raise empty_error from e
     raise
+  except RuntimeError as e:
+    # TFDS wraps a failed write while preparing (a full disk) in a
+    # RuntimeError whose cause is the OS's or TF's error.
+    if not isinstance(e.__cause__, (OSError, tf.errors.OpError)):
+      raise
+    folder = data_dir or tfds.core.constants.DATA_DIR
+    reason = (str(e.__cause__).splitlines() or [""])[0]
+    raise OSError(
+        f"Could not prepare {tfds_name} in {folder}: {reason}; TFDS writes "
+        f"into a temporary folder and removed it, so nothing half-prepared "
+        f"is left: free space (or pick another --data_dir) and rerun. "
+        f"Received: data_dir={data_dir!r}") from None
   check_prepared_files(
       tfds.builder(tfds_name, data_dir=data_dir, **builder_kwargs), split)
   num_examples = _num_examples(ds)

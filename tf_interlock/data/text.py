@@ -30,6 +30,7 @@ import tensorflow_datasets as tfds
 import tensorflow_text as tf_text
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
+from tf_interlock import owned_dir
 from tf_interlock import paths
 
 DEFAULT_TEXT_DIR = "/usr/share/games/fortunes"
@@ -290,8 +291,13 @@ def get_vocabulary(corpus: TextCorpus, *, kind: str = "wordpiece",
   path = os.path.join(cache_dir, f"{corpus.source}-{kind}-{vocab_size}-{case}-"
                       f"{max_documents}-{corpus.fingerprint()}.json")
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      return Vocabulary(json.load(f)["tokens"], kind, lower_case, path)
+    try:
+      tokens = owned_dir.load_json(path, {"tokens": list})["tokens"]
+    except ValueError as e:
+      raise ValueError(f"The cached vocabulary {path} {e}; delete it to "
+                       f"learn it again. Received: cache_dir={cache_dir!r}"
+                       ) from None
+    return Vocabulary(tokens, kind, lower_case, path)
 
   docs = corpus.documents("train", max_documents).batch(1024).prefetch(
       tf.data.AUTOTUNE)
