@@ -22,6 +22,7 @@ from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
 from step_model import profiling
 from step_model import schedule
+from research import benchmark_memory
 from train import config as config_lib
 from train import datasets
 from train import networks
@@ -358,6 +359,7 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,
                   "examples_per_s": spec.config.run.batch_size / step}
+    rows[name].update(benchmark_memory.memory_row(trainer, (x, y), m))
     if fit:
       fit_step = run_fit(spec, name, placement)
       rows[name].update(fit_step_s=fit_step["call"],
@@ -506,7 +508,8 @@ def format_table(report):
             "calls of steps_per_loop steps (everything fit adds per call), "
             "median per step. fit ep: fit's epochs 2.. of steps_per_loop "
             "steps within one call (steady state), median per step."]
-  return "\n".join(lines)
+  memory_lines = benchmark_memory.format_memory(report["strategies"])
+  return "\n".join(lines + ([memory_lines] if memory_lines else []))
 
 
 def check_json_out(path, flag="json_out"):
