@@ -99,12 +99,29 @@ def make_spec(model="mlp", num_modules=4, *, preset="resnet20", width=1024,
   return Spec(config, (width,), steps)
 
 
+# Options a cell name may end with (after -mM): "-rc" recomputes every
+# module's forward in its backward, "-lean" runs the memory-lean order
+# (`InterlockTrainer(recompute=..., memory_lean=...)`).
+CELL_OPTIONS = {"rc": "recompute", "lean": "memory_lean"}
+
+
+def cell_options(name):
+  """The trainer options a cell name ends with: {"recompute": bool,
+  "memory_lean": bool} ("2wise-m4-rc": recompute)."""
+  parts = name.split("-")
+  return {option: suffix in parts[1:]
+          for suffix, option in CELL_OPTIONS.items()}
+
+
 def parse_cell(name):
   """A benchmark strategy name: (strategy, microbatches).
 
   "2wise" -> ("2wise", 1); "e2e-m4" -> ("e2e", 4): e2e pipelined over 4
-  microbatches per step.
+  microbatches per step; options (`cell_options`) are left out:
+  "local-lean" -> ("local", 1).
   """
+  while name.rsplit("-", 1)[-1] in CELL_OPTIONS and "-" in name:
+    name = name.rsplit("-", 1)[0]
   match = _MICROBATCHED.match(name)
   if match is None:
     return name, 1
@@ -183,7 +200,8 @@ def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False):
       build_modules(spec, aux_heads),
       lambda k: optimization.make_optimizer(spec.config, None), strategy,
       placement=placement, steps_per_loop=spec.config.run.steps_per_loop,
-      num_microbatches=microbatches, jit_compile=jit_compile)
+      num_microbatches=microbatches, jit_compile=jit_compile,
+      **cell_options(name))
   trainer.build(make_batch(spec)[0])
   return trainer
 
@@ -359,7 +377,10 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,
                   "examples_per_s": spec.config.run.batch_size / step}
-    rows[name].update(benchmark_memory.memory_row(trainer, (x, y), m))
+    options = cell_options(name)
+    rows[name].update(benchmark_memory.memory_row(
+        trainer, (x, y), m, recompute=options["recompute"],
+        lean=options["memory_lean"]))
     if fit:
       fit_step = run_fit(spec, name, placement)
       rows[name].update(fit_step_s=fit_step["call"],

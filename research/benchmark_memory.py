@@ -34,13 +34,16 @@ def memory_row(trainer, batch, microbatches=1, recompute=False, lean=False):
   Returns:
     {"memory_measured_mb": {device: MB}, "memory_shared_allocator": bool,
      "memory_count_mb": [per device, by kind], "memory_count_over_measured":
-     the count's total over the measured one (1.0: exact)}.
+     the count's total over the measured one (1.0: exact)}; the measured
+    figures are None where TF keeps no allocator statistics.
   """
   one_device = trainer.placement.devices is None
   devices = memory.allocator_names(trainer.placement, trainer.num_modules)
-  dataset = tf.data.Dataset.from_tensors(batch)
-  iterator = iter(trainer.distribute_dataset(dataset.repeat()))
-  step = memory.measure_step(lambda: trainer.train_loop(iterator), devices)
+  step = None
+  if memory.has_stats(devices[0]):
+    dataset = tf.data.Dataset.from_tensors(batch)
+    iterator = iter(trainer.distribute_dataset(dataset.repeat()))
+    step = memory.measure_step(lambda: trainer.train_loop(iterator), devices)
   x = batch[0]
   shape = (x.shape[0] // microbatches,) + x.shape[1:]
   footprints = memory.footprints(trainer,
@@ -52,7 +55,9 @@ def memory_row(trainer, batch, microbatches=1, recompute=False, lean=False):
                         staged_inputs=staged)
   shared = len(devices) < len(counts) or all(
       d.startswith("CPU") for d in devices)
-  if shared:
+  if step is None:  # no allocator statistics: the count alone
+    measured, over = None, None
+  elif shared:
     held = sum(c.weights + c.slots for c in counts)
     measured = {d: held + b for d, b in step.items()}
     over = sum(c.total for c in counts) / measured[devices[0]]
@@ -60,16 +65,17 @@ def memory_row(trainer, batch, microbatches=1, recompute=False, lean=False):
     measured = {d: counts[k].weights + counts[k].slots + step[d]
                 for k, d in enumerate(devices)}
     over = max(c.total / measured[d] for c, d in zip(counts, devices))
-  return {"memory_measured_mb": {d: _mb(b) for d, b in measured.items()},
+  return {"memory_measured_mb": measured and {
+      d: _mb(b) for d, b in measured.items()},
           "memory_shared_allocator": shared,
           "memory_count_mb": [c.as_mb() for c in counts],
-          "memory_count_over_measured": round(over, 3)}
+          "memory_count_over_measured": over and round(over, 3)}
 
 
 def format_memory(strategies):
   """The report's memory lines: per cell the measured peak, the count and
   the count's error (None when no cell measured it)."""
-  rows = {n: r for n, r in strategies.items() if "memory_measured_mb" in r}
+  rows = {n: r for n, r in strategies.items() if r.get("memory_measured_mb")}
   if not rows:
     return None
   lines = ["", "Memory (MB): measured peak (one allocator for every logical "

@@ -234,6 +234,15 @@ def peak_bytes(run, devices):
           for d in devices}
 
 
+def has_stats(device):
+  """Whether TF keeps allocator statistics for `device` in this process."""
+  try:
+    tf.config.experimental.get_memory_info(device)
+  except ValueError:
+    return False
+  return True
+
+
 def _stats(fn, device):
   """fn(device), with TF's "Allocator stats not available" as one line
   that says how to get them."""
