@@ -20,6 +20,7 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
+from step_model import memory
 from step_model import profiling
 from step_model import schedule
 from research import benchmark_memory
@@ -310,11 +311,15 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
   any device's ops on its inter-op pool of D threads, so pass D there.
   contention: see `schedule.simulate` (`research.concurrency_probe`)."""
   strategy, microbatches = parse_cell(name)
+  micro = (microbatch_costs or {}).get(microbatches)
+  if cell_options(name)["recompute"]:
+    costs = memory.recompute_costs(costs)
+    micro = micro and memory.recompute_costs(micro)
   return schedule.simulate(
       costs, strategy, num_microbatches=microbatches, num_cores=num_cores,
       threads_per_device=threads, module_devices=module_devices,
       thread_efficiency=0.0,
-      microbatch_costs=(microbatch_costs or {}).get(microbatches),
+      microbatch_costs=micro,
       ops_per_device=ops_per_device, contention=contention).step_time
 
 

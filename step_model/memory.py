@@ -282,3 +282,13 @@ def measure_step(run, devices):
             for d in devices}
   peaks = peak_bytes(run, devices)
   return {d: peaks[d] - before[d] for d in devices}
+
+
+def recompute_costs(costs):
+  """The schedule model's op costs (`schedule.ModuleCost`s) of modules that
+  recompute: the forward is paid again by the backward pass that runs
+  first (the fused VJP, else the weight VJP)."""
+  return [dataclasses.replace(
+      c, weight_vjp=c.weight_vjp + c.forward,
+      fused_vjp=None if c.fused_vjp is None else c.fused_vjp + c.forward)
+          for c in costs]
