@@ -217,10 +217,16 @@ def count(footprints_, num_microbatches=1, recompute=False, one_device=False,
           for p in peaks]
   if lean:
     return [fixed + max(live, key=lambda d: d.total)]
-  # An aux head's backward runs right after its forward: its activations
-  # are alive only then, one head at a time (the largest counts).
-  kept = sum((dataclasses.replace(d, aux=0) for d in live), DeviceMemory())
-  return [fixed + kept + DeviceMemory(aux=max(d.aux for d in live))]
+  # An aux head's backward runs right after its forward, and a recomputed
+  # module's activations live only while its backward runs: those are
+  # alive one module at a time (the largest counts); the rest is kept.
+  kept = sum((DeviceMemory(activations=0 if r else d.activations,
+                           inputs=d.inputs) for d, r in zip(live, recompute)),
+             DeviceMemory())
+  transient = max((DeviceMemory(activations=d.activations if r else 0,
+                                aux=d.aux) for d, r in zip(live, recompute)),
+                  key=lambda d: d.total)
+  return [fixed + kept + transient]
 
 
 def peak_bytes(run, devices):
