@@ -23,7 +23,8 @@ from research import benchmark_lib
 
 _REPORT = flags.DEFINE_string("report", None, "A research.benchmark JSON "
                               "report (--json_out).")
-_OUT = flags.DEFINE_string("out", None, "The PNG to write.")
+_OUT = flags.DEFINE_string("out", None, "The PNG file to write the "
+                           "frontier picture to (replaced if it exists).")
 
 
 def points(report):
