@@ -21,8 +21,10 @@ from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
 from tf_interlock import owned_dir
+from step_model import memory
 from step_model import profiling
 from step_model import schedule
+from research import benchmark_memory
 from train import config as config_lib
 from train import datasets
 from train import networks
@@ -99,12 +101,29 @@ def make_spec(model="mlp", num_modules=4, *, preset="resnet20", width=1024,
   return Spec(config, (width,), steps)
 
 
+# Options a cell name may end with (after -mM): "-rc" recomputes every
+# module's forward in its backward, "-lean" runs the memory-lean order
+# (`InterlockTrainer(recompute=..., memory_lean=...)`).
+CELL_OPTIONS = {"rc": "recompute", "lean": "memory_lean"}
+
+
+def cell_options(name):
+  """The trainer options a cell name ends with: {"recompute": bool,
+  "memory_lean": bool} ("2wise-m4-rc": recompute)."""
+  parts = name.split("-")
+  return {option: suffix in parts[1:]
+          for suffix, option in CELL_OPTIONS.items()}
+
+
 def parse_cell(name):
   """A benchmark strategy name: (strategy, microbatches).
 
   "2wise" -> ("2wise", 1); "e2e-m4" -> ("e2e", 4): e2e pipelined over 4
-  microbatches per step.
+  microbatches per step; options (`cell_options`) are left out:
+  "local-lean" -> ("local", 1).
   """
+  while name.rsplit("-", 1)[-1] in CELL_OPTIONS and "-" in name:
+    name = name.rsplit("-", 1)[0]
   match = _MICROBATCHED.match(name)
   if match is None:
     return name, 1
@@ -183,7 +202,8 @@ def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False):
       build_modules(spec, aux_heads),
       lambda k: optimization.make_optimizer(spec.config, None), strategy,
       placement=placement, steps_per_loop=spec.config.run.steps_per_loop,
-      num_microbatches=microbatches, jit_compile=jit_compile)
+      num_microbatches=microbatches, jit_compile=jit_compile,
+      **cell_options(name))
   trainer.build(make_batch(spec)[0])
   return trainer
 
@@ -292,11 +312,15 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
   any device's ops on its inter-op pool of D threads, so pass D there.
   contention: see `schedule.simulate` (`research.concurrency_probe`)."""
   strategy, microbatches = parse_cell(name)
+  micro = (microbatch_costs or {}).get(microbatches)
+  if cell_options(name)["recompute"]:
+    costs = memory.recompute_costs(costs)
+    micro = micro and memory.recompute_costs(micro)
   return schedule.simulate(
       costs, strategy, num_microbatches=microbatches, num_cores=num_cores,
       threads_per_device=threads, module_devices=module_devices,
       thread_efficiency=0.0,
-      microbatch_costs=(microbatch_costs or {}).get(microbatches),
+      microbatch_costs=micro,
       ops_per_device=ops_per_device, contention=contention).step_time
 
 
@@ -358,6 +382,10 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,
                   "examples_per_s": spec.config.run.batch_size / step}
+    options = cell_options(name)
+    rows[name].update(benchmark_memory.memory_row(
+        trainer, (x, y), m, recompute=options["recompute"],
+        lean=options["memory_lean"]))
     if fit:
       fit_step = run_fit(spec, name, placement)
       rows[name].update(fit_step_s=fit_step["call"],
@@ -511,7 +539,8 @@ def format_table(report):
             "calls of steps_per_loop steps (everything fit adds per call), "
             "median per step. fit ep: fit's epochs 2.. of steps_per_loop "
             "steps within one call (steady state), median per step."]
-  return "\n".join(lines)
+  memory_lines = benchmark_memory.format_memory(report["strategies"])
+  return "\n".join(lines + ([memory_lines] if memory_lines else []))
 
 
 def check_json_out(path, flag="json_out"):

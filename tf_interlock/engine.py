@@ -94,6 +94,10 @@ class _Forward:
       every cotangent in the engine is.
     phi_grads: S_k dL_k/dphi_k, aligned with the aux head's trainable
       variables ([] without an aux head).
+    state: with `recompute`, the body's non-trainable variables (BatchNorm
+      statistics, random seeds) as they were before the forward, so that
+      the re-run forward sees what the first one saw; else None (and the
+      tape holds the activations).
   """
   tape: tf.GradientTape
   x: tf.Tensor
@@ -101,6 +105,7 @@ class _Forward:
   reg: Optional[tf.Tensor]
   own_cot: Optional[tf.Tensor]
   phi_grads: List[tf.Tensor]
+  state: Optional[List[tf.Tensor]] = None
 
 
 class InterlockStep:
@@ -114,11 +119,28 @@ class InterlockStep:
       [batch]` (e.g. 0/1 correctness), averaged like the loss.
     placement: a `placement.Placement`; defaults to "single" (no device
       scopes).
+    recompute: a bool, or one per module: module k keeps only its input
+      during the step and re-runs its forward inside its backward (GPipe's
+      rematerialization): its activations are alive only while its VJPs
+      run, for one more forward. The gradients are the same.
+    memory_lean: run module k + 1's forward only after module k's backward,
+      so that one module's activations are alive at a time (on one device
+      the dataflow would start every forward first). Only where no gradient
+      crosses a module (local learning, window 1).
   """
 
-  def __init__(self, modules, plan, loss_fn, metric_fn=None, placement=None):
+  def __init__(self, modules, plan, loss_fn, metric_fn=None, placement=None,
+               recompute=False, memory_lean=False):
     self.modules = list(modules)
     self.plan = plan
+    self.recompute = _per_module("recompute", recompute, len(self.modules))
+    if memory_lean and any(plan.vjp_keys[k] for k in range(len(modules))):
+      raise ValueError(
+          "memory_lean=True needs a strategy where no gradient crosses a "
+          "module (local): module k's backward would wait for module k + 1's"
+          " forward. Received: memory_lean=True with a window that sends "
+          "gradients back")
+    self.memory_lean = bool(memory_lean)
     self.loss_fn = loss_fn
     self.metric_fn = metric_fn
     self.placement = placement or placement_lib.Placement("single")
@@ -186,6 +208,9 @@ class InterlockStep:
       this replica's contribution (unscaled).
     """
     num_modules = len(self.modules)
+    if self.memory_lean:
+      return self._lean_gradients(features, labels, global_batch_size,
+                                  scales)
     # Forward, module 0 up to K-1: module k's record keeps what its backward
     # pass needs (tape, x_k, h_k) and the start of its own loss's stream.
     records, metrics, h = [], {}, features
@@ -202,23 +227,47 @@ class InterlockStep:
       grads[k], incoming = self._backward(k, records[k], incoming, scales)
     return grads, metrics
 
+  def _lean_gradients(self, features, labels, global_batch_size, scales):
+    """`gradients` in the memory-lean order: module k's forward, then its
+    backward (no stream crosses a module), and only then module k + 1's
+    forward, which waits for module k's gradients."""
+    grads, metrics, h = [], {}, features
+    for k in range(len(self.modules)):
+      record = self._forward(k, h, labels, global_batch_size, metrics,
+                             None if scales is None else scales[k])
+      grads.append(self._backward(k, record, {}, scales)[0])
+      h = after(grads[k], record.h)
+    return grads, metrics
+
+  def _body_forward(self, k, x):
+    """h_k and its scaled regularization loss (under the caller's tape)."""
+    # One traced function per module (`module_functions`): the unrolled
+    # steps call it instead of re-tracing the body.
+    h, reg = self.functions.body(k, x)
+    h = tf.nest.map_structure(lambda t: self.placement.annotate(t, k), h)
+    return h, None if reg is None else tf.nn.scale_regularization_loss(reg)
+
   def _forward(self, k, h_prev, labels, global_batch_size, metrics, scale):
     """Module k's forward pass and its own loss: the module's `_Forward`."""
     module, place = self.modules[k], self.placement
     last = k == len(self.modules) - 1
     with place.scope(k):
       x = boundary.cut(h_prev)
+      state = None
+      if self.recompute[k]:
+        # Run without a tape: nothing is kept for the backward, which runs
+        # the body again (`_recomputed`) from what it read here.
+        state = [tf.identity(v) for v in
+                 module.body.non_trainable_variables]
+        h, reg = self._body_forward(k, x)
       # The tape watches the variables the body reads (theta_k) and, to
       # produce input VJPs, the cut input x_k (its floating-point leaves:
       # masks and ids get no cotangent).
       with tf.GradientTape(persistent=True) as tape:
-        if k > 0:
-          tape.watch(boundary.differentiable(x))
-        # One traced function per module (`module_functions`): the
-        # unrolled steps call it instead of re-tracing the body.
-        h, reg = self.functions.body(k, x)
-        h = tf.nest.map_structure(lambda t: place.annotate(t, k), h)
-        reg = None if reg is None else tf.nn.scale_regularization_loss(reg)
+        if state is None:
+          if k > 0:
+            tape.watch(boundary.differentiable(x))
+          h, reg = self._body_forward(k, x)
         if last:
           # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
           # the true loss, taken on this tape.
@@ -234,7 +283,27 @@ class InterlockStep:
         own_cot, phi_grads = self._aux_backward(k, module, h, labels,
                                                 global_batch_size, metrics,
                                                 scale)
-    return _Forward(tape, x, h, reg, own_cot, phi_grads)
+    return _Forward(tape, x, h, reg, own_cot, phi_grads, state)
+
+  def _recomputed(self, k, record, cotangents):
+    """`record` with module k's forward run again under a new tape, once the
+    `cotangents` it is differentiated with exist (before, the dataflow could
+    run it at once and keep its activations as long as without
+    recomputation). The body's non-trainable variables are first put back
+    to what the first forward read, so it computes the same h_k and leaves
+    them as one forward would."""
+    variables = self.modules[k].body.non_trainable_variables
+    with tf.control_dependencies(cotangents):
+      # (TF orders the body's reads of these variables after the writes.)
+      for v, value in zip(variables, record.state):
+        v.assign(value)
+      x = tf.nest.map_structure(tf.identity, record.x)
+    with tf.GradientTape(persistent=True) as tape:
+      if k > 0:
+        tape.watch(boundary.differentiable(x))
+      h, reg = self._body_forward(k, x)
+    return dataclasses.replace(record, tape=tape, x=x, h=h, reg=reg,
+                               state=None)
 
   def _backward(self, k, record, incoming, scales):
     """Module k's gradients and the streams it sends to module k-1.
@@ -270,6 +339,9 @@ class InterlockStep:
       # "sum", d(L_k + ... + L_target(k))/dtheta_k. VJPs are linear, so one
       # weight VJP of the summed cotangent gives it; the body's
       # regularization loss adds its own gradient (cotangent S_k).
+      if record.state is not None:
+        record = self._recomputed(k, record,
+                                  tf.nest.flatten(list(streams.values())))
       body_vars = module.body.trainable_variables
       weight_keys = plan.weight_keys[k]
       outputs, inputs = (boundary.differentiable(record.h),
@@ -337,6 +409,26 @@ class InterlockStep:
                  for t in boundary.differentiable(h)]
       return own_cot, _zeros_like_none(grads[:-1], phi)
     return None, _zeros_like_none(tape.gradient(loss, phi), phi)
+
+
+def after(tensors, structure):
+  """`structure`'s tensors, each run only once every tensor in `tensors`
+  (any nest) exists: the memory-lean order's edge."""
+  deps = [t for t in tf.nest.flatten(tensors, expand_composites=True)
+          if t is not None]
+  with tf.control_dependencies(deps):
+    return tf.nest.map_structure(tf.identity, structure)
+
+
+def _per_module(name, value, num_modules):
+  """A bool for every module from one bool or a list of K."""
+  if isinstance(value, bool):
+    return [value] * num_modules
+  if (isinstance(value, (list, tuple)) and len(value) == num_modules
+      and all(isinstance(v, bool) for v in value)):
+    return list(value)
+  raise ValueError(f"{name} must be a bool or a list of {num_modules} bools "
+                   f"(one per module). Received: {name}={value!r}")
 
 
 def _scaled(value, scale):

@@ -125,13 +125,19 @@ class InterlockTrainer:
       are summed over the R processes on module k's device before its
       update, and `distribute_dataset` gives this process its rows of each
       global batch. None: this process alone.
+    recompute: a bool or one per module (`engine.InterlockStep`): module k
+      keeps only its input and re-runs its forward inside its backward.
+    memory_lean: one module's activations alive at a time: module k + 1's
+      forward waits for module k's backward, and each microbatch and step
+      for the one before (`engine.InterlockStep`; local learning only).
   """
 
   def __init__(self, modules, optimizers, strategy="e2e", *, variant=None,
                loss_fn=losses_lib.sparse_softmax_cross_entropy,
                metric_fn=losses_lib.sparse_accuracy, distribute=None,
                placement=None, steps_per_loop=1, num_microbatches=1,
-               replicas=None, jit_compile="auto"):
+               replicas=None, jit_compile="auto", recompute=False,
+               memory_lean=False):
     self.modules = list(modules)
     self.replicas = replicas
     if not self.modules:
@@ -159,7 +165,8 @@ class InterlockTrainer:
     self.optimizers = self._make_optimizers(optimizers)
     self.step = engine.InterlockStep(
         self.modules, self.plan, losses_lib.per_example_loss(loss_fn),
-        metric_fn, self.placement)
+        metric_fn, self.placement, recompute=recompute,
+        memory_lean=memory_lean)
     self._loop_fns = {}
     self._built = False
     # How a call runs its steps: "auto", "unrolled" or "while" (read when
@@ -313,6 +320,8 @@ class InterlockTrainer:
     # microbatches' gradients gives the full batch's gradient.
     grads, metrics = None, None
     for f_i, l_i in zip(_split(features, m), _split(labels, m)):
+      if self.step.memory_lean and grads is not None:
+        f_i = engine.after(grads, f_i)
       g, mets = self.step.gradients(f_i, l_i, global_batch, scales)
       if grads is None:
         grads, metrics = g, mets
@@ -398,6 +407,10 @@ class InterlockTrainer:
       totals = None
       for _ in range(num_steps):
         features, labels = next(iterator)
+        if self.step.memory_lean and totals is not None:
+          # The step before is done (its metrics hold every module's
+          # gradient norm) before this one starts.
+          features = engine.after(totals, features)
         metrics = step(features, labels)
         totals = metrics if totals is None else {
             key: totals[key] + metrics[key] for key in totals}

@@ -1,0 +1,69 @@
+"""The memory count (step_model.memory) against TF's allocator statistics.
+
+One cell, measured through the benchmark's own row
+(`research.benchmark_memory.memory_row`): the MLP end to end on one device,
+where the count must come within 15% of the measured peak.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from step_model import memory
+from tests import binaries
+
+
+def test_the_count_of_one_cell_is_within_15_percent_of_its_measured_peak():
+  # In a process of its own: the CPU allocator keeps statistics only with
+  # oneDNN switched on before TF starts (train.runtime_env does it there).
+  proc = binaries.run_binary(
+      "research.benchmark", "--model=mlp", "--width=256", "--batch_size=256",
+      "--strategies=e2e", "--placement=single", "--baseline=false",
+      "--fit=false", "--costs=false", "--steps=1", "--steps_per_loop=2",
+      "--json")
+  row = json.loads(proc.stdout.strip().splitlines()[-1])["strategies"]["e2e"]
+  assert row["memory_shared_allocator"]
+  measured = row["memory_measured_mb"]["CPU:0"]
+  # 4 modules of 256 x 256 weights (+ bias), momentum and one gradient each:
+  # the weights alone are a floor of what was measured.
+  assert measured > 3 * 4 * 256 * 257 * 4 / 1e6
+  assert 0.85 <= row["memory_count_over_measured"] <= 1.15, row
+
+
+def test_without_allocator_statistics_the_error_is_one_line():
+  # This pytest process started TF without oneDNN's allocator.
+  with pytest.raises(ValueError, match="TF_ENABLE_ONEDNN_OPTS=1"):
+    memory.measure_step(lambda: None, ["CPU:0"])
+
+
+def test_saved_bytes_of_a_dense_relu_stack_is_worked_by_hand():
+  # Dense(64, relu) -> Dense(32) on a batch of 8 with 16 features: the
+  # backward reads the ReLU's output (8 x 64 floats: ReluGrad and the second
+  # MatMul's weight gradient); the input x is not counted.
+  body = keras.Sequential([keras.layers.Dense(64, activation="relu"),
+                           keras.layers.Dense(32)])
+  body.build((None, 16))
+  saved, out = memory.saved_bytes(lambda x: body(x, training=True),
+                                  body.trainable_variables,
+                                  tf.TensorSpec((8, 16), tf.float32))
+  assert saved == 8 * 64 * 4
+  assert out.shape == (8, 32)
+
+
+def test_one_device_counts_every_module_or_one_in_the_lean_order():
+  fixed = memory.DeviceMemory(weights=10, slots=10, gradients=10)
+  prints = [memory.ModuleFootprint(fixed, act, aux, 5)
+            for act, aux in ((100, 7), (40, 3))]
+  every = memory.count(prints, one_device=True)
+  lean = memory.count(prints, one_device=True, lean=True)
+  assert every[0].total == 60 + 140 + 10 + 7  # activations summed, one aux
+  assert lean[0].total == 60 + 100 + 5 + 7    # the larger module alone
+  two = memory.count(prints, num_microbatches=2, recompute=[True, False])
+  # M = 2: two gradient sets; recompute keeps one microbatch's activations.
+  # Weights, slots, 2 x gradients; activations and aux x 1 (recomputed) or
+  # x 2 (both microbatches in flight); both microbatches' inputs.
+  assert [d.total for d in two] == [40 + 100 + 7 + 10, 40 + 80 + 6 + 10]
+  assert np.isclose(two[0].gradients, 20)

@@ -1,0 +1,34 @@
+"""research.plot_frontier: the frontier of a benchmark report, drawn."""
+
+import json
+
+from research import plot_frontier
+from tests import binaries
+
+
+def _report():
+  def row(step_s, mb, predicted=None):
+    return {"measured_step_s": step_s, "predicted_step_s": predicted,
+            "memory_count_mb": [{"total": mb}, {"total": mb / 2}]}
+  # e2e-m4 is beaten by local on both; e2e is the smallest, local the
+  # fastest: both on the frontier.
+  return {"model": "mlp", "num_modules": 2, "placement": "simulated",
+          "num_cores": 2, "strategies": {
+              "e2e": row(0.3, 10.0, 0.25), "local": row(0.1, 12.0),
+              "e2e-m4": row(0.2, 14.0), "old": {"measured_step_s": 1.0}}}
+
+
+def test_the_frontier_keeps_the_cells_no_other_beats_on_both():
+  cells = plot_frontier.points(_report())
+  assert [c[0] for c in cells] == ["e2e", "local", "e2e-m4"]
+  assert cells[0] == ("e2e", 10.0, 300.0, 250.0)
+  assert plot_frontier.frontier(cells) == {"e2e", "local"}
+
+
+def test_one_command_draws_the_png(tmp_path):
+  report = tmp_path / "report.json"
+  report.write_text(json.dumps(_report()))
+  out = tmp_path / "frontier.png"
+  binaries.run_binary("research.plot_frontier", f"--report={report}",
+                      f"--out={out}")
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
