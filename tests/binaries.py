@@ -72,3 +72,24 @@ def stop_and_time(proc, signum):
   errors = [line for line in proc.stderr.read().splitlines()
             if line.startswith("error:")]
   return seconds, errors
+
+
+def one_error(err, *words):
+  """The single "error:" line of `err`, holding every word."""
+  assert "Traceback" not in err, err
+  lines = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1, err
+  for word in words:
+    assert word in lines[0], (word, lines[0])
+  return lines[0]
+
+
+def user_folder(root):
+  """A user's folder of their own, outside every run: what must survive."""
+  mine = os.path.join(root, "mine")
+  os.makedirs(os.path.join(mine, "deep"))
+  for name, text in (("notes.txt", "my notes\n"),
+                     ("deep/results.csv", "1,2,3\n")):
+    with open(os.path.join(mine, name), "w") as f:
+      f.write(text)
+  return mine

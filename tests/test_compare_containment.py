@@ -14,8 +14,7 @@ import os
 import pytest
 
 from research import study_owner
-from tests.binaries import run_main, tree_digest
-from tests.test_containment import _one_error, _user_folder
+from tests.binaries import one_error, run_main, tree_digest, user_folder
 
 COMPARE = ["--preset=synthetic_mlp", "--strategies=e2e", "--seeds=1",
            "--seed=0", "--train_steps=20", "--eval_points=2", "--noplots",
@@ -38,13 +37,13 @@ def _unfinished_compare(tmp_path):
 def test_compare_refuses_to_clean_a_linked_tensorboard_folder(
     tmp_path, capfd):
   out_dir, run_dir = _unfinished_compare(tmp_path)
-  mine = _user_folder(str(tmp_path))
+  mine = user_folder(str(tmp_path))
   os.symlink(mine, os.path.join(run_dir, "train"))
   outside, before = tree_digest(mine), tree_digest(out_dir)
   code, _, err = run_main("research.compare",
                           [*COMPARE, f"--out_dir={out_dir}"], capfd)
   assert code == 1, err
-  _one_error(err, os.path.join(run_dir, "train"), "symbolic link")
+  one_error(err, os.path.join(run_dir, "train"), "symbolic link")
   assert tree_digest(mine) == outside
   assert tree_digest(out_dir) == before
 
@@ -57,7 +56,7 @@ def test_compare_refuses_a_users_file_one_level_down(tmp_path, capfd):
   code, _, err = run_main("research.compare",
                           [*COMPARE, f"--out_dir={out_dir}"], capfd)
   assert code == 1, err
-  _one_error(err, run_dir, "checkpoints/README.txt")
+  one_error(err, run_dir, "checkpoints/README.txt")
   assert tree_digest(out_dir) == before
 
 
@@ -74,5 +73,5 @@ def test_a_model_fn_that_returns_no_keras_model_is_one_line(
       "--noplots",
       f"--out_dir={out_dir}"], capfd)
   assert code == 1, err
-  _one_error(err, *words, f"model_fn={model_fn!r}")
+  one_error(err, *words, f"model_fn={model_fn!r}")
   assert not os.path.exists(out_dir)

@@ -17,33 +17,13 @@ import uuid
 import pytest
 
 from tests import hold
-from tests.binaries import ROOT, run_binary, run_main, tree_digest
+from tests.binaries import (ROOT, one_error, run_binary, run_main,
+                            tree_digest, user_folder)
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import owned_dir
 
 TT = ["--preset=synthetic_mlp", "--steps_per_loop=10",
       "--checkpoint_every_steps=10", "--eval_every_steps=10"]
-
-
-def _one_error(err, *words):
-  """The single "error:" line of `err`, holding every word."""
-  assert "Traceback" not in err, err
-  lines = [line for line in err.splitlines() if line.startswith("error:")]
-  assert len(lines) == 1, err
-  for word in words:
-    assert word in lines[0], (word, lines[0])
-  return lines[0]
-
-
-def _user_folder(root):
-  """A user's folder of their own, outside every run: what must survive."""
-  mine = os.path.join(root, "mine")
-  os.makedirs(os.path.join(mine, "deep"))
-  for name, text in (("notes.txt", "my notes\n"),
-                     ("deep/results.csv", "1,2,3\n")):
-    with open(os.path.join(mine, name), "w") as f:
-      f.write(text)
-  return mine
 
 
 def _copy(synthetic_run, tmp_path, name="run"):
@@ -55,14 +35,14 @@ def _copy(synthetic_run, tmp_path, name="run"):
 def test_a_linked_unfinished_checkpoint_is_refused_not_emptied(
     synthetic_run, tmp_path, capfd):
   model_dir = _copy(synthetic_run, tmp_path)
-  mine = _user_folder(str(tmp_path))
+  mine = user_folder(str(tmp_path))
   link = os.path.join(model_dir, "checkpoints", "ckpt-7_temp")
   os.symlink(mine, link)
   outside, run_before = tree_digest(mine), tree_digest(model_dir)
   code, _, err = run_main("train.train", [*TT, "--train_steps=20",
                                           f"--model_dir={model_dir}"], capfd)
   assert code == 1, err
-  _one_error(err, link, "symbolic link", "nothing was deleted")
+  one_error(err, link, "symbolic link", "nothing was deleted")
   assert tree_digest(mine) == outside
   assert tree_digest(model_dir) == run_before
 
@@ -80,7 +60,7 @@ def test_a_checkpoints_folder_linked_to_another_run_is_refused(
       *TT, "--train_steps=30", "--keep_checkpoints=1",
       f"--model_dir={run_b}"], capfd)
   assert code == 1, err
-  _one_error(err, os.path.join(run_b, "checkpoints"), "symbolic link")
+  one_error(err, os.path.join(run_b, "checkpoints"), "symbolic link")
   assert tree_digest(run_a) == before
 
 
@@ -105,14 +85,14 @@ def test_a_pointer_entry_outside_checkpoints_is_refused(
       *TT, "--train_steps=30", "--keep_checkpoints=1",
       f"--model_dir={model_dir}"], capfd)
   assert code == 1, err
-  _one_error(err, repr(entry), "lies outside", "nothing was changed")
+  one_error(err, repr(entry), "lies outside", "nothing was changed")
   assert tree_digest(other) == outside
   assert tree_digest(model_dir) == run_before
 
 
 def test_the_rule_refuses_links_at_every_depth_and_paths_outside(tmp_path):
   root = str(tmp_path / "owned")
-  mine = _user_folder(str(tmp_path))
+  mine = user_folder(str(tmp_path))
   os.makedirs(os.path.join(root, "a", "b"))
   os.symlink(mine, os.path.join(root, "a", "b", "c"))
   outside = tree_digest(mine)
@@ -133,7 +113,7 @@ def test_the_rule_refuses_links_at_every_depth_and_paths_outside(tmp_path):
 
 def test_an_export_dir_that_is_a_link_is_refused_before_training(
     tmp_path, capfd):
-  mine = _user_folder(str(tmp_path))
+  mine = user_folder(str(tmp_path))
   link = str(tmp_path / "export_link")
   os.symlink(mine, link)
   model_dir = str(tmp_path / "run")
@@ -142,7 +122,7 @@ def test_an_export_dir_that_is_a_link_is_refused_before_training(
       *TT, "--train_steps=10", f"--model_dir={model_dir}",
       f"--export_dir={link}"], capfd)
   assert code == 1, err
-  _one_error(err, f"--export_dir={link}", "symbolic link")
+  one_error(err, f"--export_dir={link}", "symbolic link")
   assert tree_digest(mine) == outside
   assert not os.path.exists(model_dir)  # refused before the first step
 
@@ -155,7 +135,7 @@ def test_an_export_dir_too_long_for_its_sibling_is_refused_before_training(
       *TT, "--train_steps=10", f"--model_dir={model_dir}",
       f"--export_dir={tmp_path / name}"], capfd)
   assert code == 1, err
-  _one_error(err, "too long", "258 characters", "limit of 255")
+  one_error(err, "too long", "258 characters", "limit of 255")
   assert not os.path.exists(model_dir)
 
 
@@ -190,7 +170,7 @@ def test_two_exports_into_one_new_folder_never_replace_each_other(
       proc.kill()
       proc.communicate()
   assert proc.returncode == 1, err
-  _one_error(err, f"export_dir={target}", "nothing was replaced")
+  one_error(err, f"export_dir={target}", "nothing was replaced")
   assert tree_digest(target) == b_export
   with open(os.path.join(run_b, "run.json")) as f:
     assert export_dir_lib.read_marker(target)["owner"] == json.load(f)[

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from tests.binaries import run_main
-from tests.test_data_fashion_mnist import write_split
+from tests.idx_files import write_split
 
 FLAGS = ["--preset=fashion_mnist_resnet", "--eval_batches=1", "--warmup_steps=0",
          "--batch_size=32", "--steps_per_loop=1", "--eval_every_steps=1000",
