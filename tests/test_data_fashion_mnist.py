@@ -1,6 +1,5 @@
 """Tests for the local Fashion-MNIST TFDS builder and its image pipeline."""
 
-import gzip
 import os
 
 import numpy as np
