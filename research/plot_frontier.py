@@ -2,7 +2,7 @@ r"""The frontier: step time against peak memory per device, every cell.
 
   python -m research.plot_frontier \
       --report=docs/results/memory/mlp_k4_simulated.json \
-      --out=docs/results/memory/frontier.png
+      --png=docs/results/memory/frontier_mlp_k4.png
 
 Reads one `research.benchmark --json_out` report. Each cell (strategy x M x
 recompute) is one point: its peak memory per device (the largest device's
@@ -12,6 +12,9 @@ report) against its measured step time (filled) and the schedule model's
 prediction for one core per module (hollow, "predicted"). The cells on the
 lower-left edge are the frontier: no other cell is both faster and smaller.
 """
+
+# First: checks the environment and quiets TF before TensorFlow loads.
+from train import runtime_env  # pylint: disable=unused-import,g-bad-import-order
 
 import json
 
@@ -23,7 +26,7 @@ from research import benchmark_lib
 
 _REPORT = flags.DEFINE_string("report", None, "A research.benchmark JSON "
                               "report (--json_out).")
-_OUT = flags.DEFINE_string("out", None, "The PNG file to write the "
+_PNG = flags.DEFINE_string("png", None, "The PNG file to write the "
                            "frontier picture to (replaced if it exists).")
 
 
@@ -83,17 +86,17 @@ def plot(report, out):
 @error_boundary.guard()
 def main(argv):
   del argv
-  if not _REPORT.value or not _OUT.value:
+  if not _REPORT.value or not _PNG.value:
     raise ValueError("--report and --out are both needed. Received: "
-                     f"report={_REPORT.value!r}, out={_OUT.value!r}")
+                     f"report={_REPORT.value!r}, png={_PNG.value!r}")
   with open(_REPORT.value) as f:
     report = json.load(f)
   if not points(report):
     raise ValueError(f"{_REPORT.value} has no cell with a memory count "
                      f"(a report from before memory was measured). "
                      f"Received: report={_REPORT.value!r}")
-  plot(report, _OUT.value)
-  print(_OUT.value)
+  plot(report, _PNG.value)
+  print(_PNG.value)
 
 
 if __name__ == "__main__":

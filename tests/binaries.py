@@ -3,6 +3,7 @@
 import hashlib
 import importlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ def run_main(binary, flags_given, capfd):
   """(exit code, stdout, stderr) of `binary`'s main in this process, its
   flags parsed as absl does: the binary's error boundary and all, less the
   seconds of a process start. `capfd` is pytest's fixture."""
-  module = importlib.import_module(binary)
+  module = _import_binary(binary)
   absl_flags.FLAGS.unparse_flags()
   try:
     absl_flags.FLAGS([binary, *flags_given])
@@ -31,6 +32,19 @@ def run_main(binary, flags_given, capfd):
     absl_flags.FLAGS.unparse_flags()  # the next test parses its own
   out = capfd.readouterr()
   return code, out.out, out.err
+
+
+def _import_binary(binary):
+  """`binary`'s module. Each binary runs alone in its process, so two may
+  name a flag alike; when one test process imports both, the later one
+  takes the name over (only the binary being run reads its flags)."""
+  while True:
+    try:
+      return importlib.import_module(binary)
+    except absl_flags.DuplicateFlagError as e:
+      name = re.search(r"flag '([^']+)' is defined twice", str(e)).group(1)
+      delattr(absl_flags.FLAGS, name)
+      sys.modules.pop(binary, None)
 
 
 def run_binary(module, *flags, check=True):

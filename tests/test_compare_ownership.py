@@ -239,9 +239,9 @@ def test_a_fifo_in_a_study_is_one_line_not_a_hang(tmp_path):
 
 @pytest.mark.parametrize("text, problem", [
     ("{}", "lacks settings, seed, steps"),
-    ("null", "is not a JSON object"),
-    ("[1]", "is not a JSON object"),
-    ('{"settings": ', "is not readable JSON"),
+    ("null", r"is not a readable JSON object \(not a JSON object\)"),
+    ("[1]", r"is not a readable JSON object \(not a JSON object\)"),
+    ('{"settings": ', r"is not a readable JSON object \(Expecting value"),
 ])
 def test_a_stored_result_that_is_not_complete_is_one_line(tmp_path, text,
                                                           problem):

@@ -51,13 +51,14 @@ def _report(*args):
 
 
 def test_each_device_of_a_train_plan_runs_on_its_own_threads():
-  # 2 devices x 2 threads: each device's ops ran on exactly 2 threads, and
-  # not the other device's (4 threads in all, as the plan claims).
+  # 2 devices x 2 threads: each device's ops ran on its pool's 2 threads
+  # (plus, at times, the inter-op thread that called the op, which may run
+  # a shard inline), never on the other device's.
   report = _report("-c", _CHILD)
   assert report["env"] == "1"
   assert report["plan"].startswith("2 devices x 2 threads, 2 modules each")
   first, second = map(set, report["used"])
-  assert len(first) == len(second) == 2, report
+  assert 2 <= len(first) <= 3 and 2 <= len(second) <= 3, report
   assert not first & second, report
 
 

@@ -30,5 +30,5 @@ def test_one_command_draws_the_png(tmp_path):
   report.write_text(json.dumps(_report()))
   out = tmp_path / "frontier.png"
   binaries.run_binary("research.plot_frontier", f"--report={report}",
-                      f"--out={out}")
+                      f"--png={out}")
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -150,7 +150,7 @@ def test_readme_transformer_example_runs(installed, tmp_path):
 def test_keras_doc_examples_run(installed, tmp_path):
   """docs/keras.md's block: a frozen module, a metric list,
   train_on_batch, a time budget and test_on_batch."""
-  [block] = _blocks(os.path.join("docs", "keras.md"))
+  block = _blocks(os.path.join("docs", "keras.md"))[-1]
   lines = _run(block, tmp_path, installed).splitlines()
   assert lines[0] == str(["module_1/accuracy", "module_1/grad_norm",
                           "module_1/loss",

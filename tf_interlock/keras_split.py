@@ -587,12 +587,12 @@ def _build_modules(graph, config, layers, crossing, cuts, aux_head,
                             _boundary(crossing, start - 1),
                             _boundary(crossing, stop - 1),
                             f"{name}_piece{k}")
-    piece = layer_state.with_vocabularies(piece, layers[start:stop])
     # Raw keras.Operation nodes hold no state; every Layer brings its whole
     # state (load hooks, lookup tables, trainable at every depth).
-    weights = {layer.name: layer_state.snapshot(layer)
-               for layer in layers[start:stop]
-               if isinstance(layer, keras.layers.Layer)}
+    stateful = [layer for layer in layers[start:stop]
+                if isinstance(layer, keras.layers.Layer)]
+    piece = layer_state.with_vocabularies(piece, stateful)
+    weights = {layer.name: layer_state.snapshot(layer) for layer in stateful}
     body = KerasSegment(piece, weights, _layer_classes(graph),
                         name=f"{name}_segment{k}")
     head = None

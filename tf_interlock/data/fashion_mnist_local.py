@@ -172,23 +172,27 @@ def split_counts(source_dir: str) -> Tuple[int, int]:
 
   Raises:
     FileNotFoundError: a file is missing.
-    ValueError: a header is truncated or not a label file's.
+    ValueError: a label file is truncated or not a label file, or an
+      image file holds no image.
   """
   counts = []
   for split in ("train", "test"):
-    path = resolve_idx_file(source_dir, SPLIT_FILES[split][1])
-    opener = gzip.open if path.endswith(".gz") else open
+    image_stem, label_stem = SPLIT_FILES[split]
+    # The label file is small: read whole, its header and length checked.
+    labels = read_idx(resolve_idx_file(source_dir, label_stem),
+                      _LABEL_MAGIC, ())
+    image_path = resolve_idx_file(source_dir, image_stem)
+    opener = gzip.open if image_path.endswith(".gz") else open
     try:
-      with opener(path, "rb") as f:
+      with opener(image_path, "rb") as f:
         header = f.read(8)
     except (EOFError, OSError, zlib.error) as e:
-      raise ValueError(f"{path} is not a readable IDX file ({e}). "
-                       f"Received: path={path}") from None
-    if len(header) < 8 or int.from_bytes(header[:4], "big") != _LABEL_MAGIC:
-      raise ValueError(f"{path} does not start with an IDX label header "
-                       f"(magic {_LABEL_MAGIC:#010x}, then the count). "
-                       f"Received: path={path}")
-    counts.append(int.from_bytes(header[4:8], "big"))
+      raise ValueError(f"{image_path} is not a readable IDX file ({e}). "
+                       f"Received: path={image_path}") from None
+    if len(header) == 8 and not int.from_bytes(header[4:8], "big"):
+      raise ValueError(f"{image_path} holds 0 images; the {split} split "
+                       f"needs at least one. Received: path={image_path}")
+    counts.append(len(labels))
   return counts[0], counts[1]
 
 
