@@ -16,6 +16,10 @@ import pytest
 from research import study_owner
 from tests.binaries import one_error, run_main, tree_digest, user_folder
 
+# research.compare against links and foreign files: make test-slow (and
+# CI) runs them.
+pytestmark = pytest.mark.slow
+
 COMPARE = ["--preset=synthetic_mlp", "--strategies=e2e", "--seeds=1",
            "--seed=0", "--train_steps=20", "--eval_points=2", "--noplots",
            "--cost_repeats=1"]

@@ -22,6 +22,10 @@ from tests.binaries import (ROOT, one_error, run_binary, run_main,
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import owned_dir
 
+# The binaries against links and pointers that lead outside their folders:
+# make test-slow (and CI) runs them.
+pytestmark = pytest.mark.slow
+
 TT = ["--preset=synthetic_mlp", "--steps_per_loop=10",
       "--checkpoint_every_steps=10", "--eval_every_steps=10"]
 

@@ -21,6 +21,10 @@ from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import owned_dir
 from tf_interlock.data import text as text_lib
 
+# Every run file we read, made hostile, through the binaries' mains:
+# make test-slow (and CI) runs them.
+pytestmark = pytest.mark.slow
+
 DEEP = "[" * 100000 + "]" * 100000
 DEEP_OBJECT = '{"a": ' * 5000 + "1" + "}" * 5000
 HOSTILE = {"deep": DEEP, "deep_object": DEEP_OBJECT, "list": "[1, 2]",

@@ -22,6 +22,10 @@ from tf_interlock import cluster as cluster_lib
 from train import runtime_env
 from train import stop_watchdog
 
+# Binaries started against hostile starts (workers, data, environment):
+# make test-slow (and CI) runs them.
+pytestmark = pytest.mark.slow
+
 
 def _errors(err):
   return [line for line in err.splitlines() if line.startswith("error:")]
@@ -225,7 +229,6 @@ def _limit_file_size():
   resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
 
 
-@pytest.mark.slow
 def test_a_data_dir_without_room_is_one_line_and_keeps_nothing(tmp_path):
   """3000 images (2.4 MB prepared) where no file may pass 256 kB: one line
   naming the folder, no prepared version a rerun would trust, and the
