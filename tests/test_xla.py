@@ -47,7 +47,10 @@ from train import config as config_lib
 STEPS = 3
 BATCH = 8
 FLOAT32_TOLERANCE = 1e-5
-MIXED_TOLERANCE = {"mixed_bfloat16": 2e-2, "mixed_float16": 2e-3}
+# float16: 1e-2. 2e-3 held on earlier hosts; on this one the from_keras
+# 2-wise-sum cell differs by 4.0e-3 on 4 of 36 weights, main at 756e782
+# included (a host-dependent rounding, not a change of ours).
+MIXED_TOLERANCE = {"mixed_bfloat16": 2e-2, "mixed_float16": 1e-2}
 
 
 def _mlp(num_modules):
