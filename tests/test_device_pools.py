@@ -64,11 +64,13 @@ def test_each_device_of_a_train_plan_runs_on_its_own_threads():
 
 def test_without_own_pools_the_devices_share_one_pool():
   # TF's default, which the plans above avoid: both devices run on the same
-  # 2 threads, and the plan says it has 2 cores.
+  # 2 pool threads (each may also list the inter-op thread that called an op
+  # and ran a shard inline), and the plan says it has 2 cores.
   report = _report("-m", "research.pool_check", "--num_devices=2",
                    "--threads_per_device=2", "--shared_pool", "--repeats=1")
   assert report["own_pools_env"] is None
   assert report["plan"] == "2 devices x 2 threads, one shared pool (2 cores)"
   first, second = map(set, report["device_threads"])
-  assert first == second and len(first) == 2, report
+  assert len(first & second) >= 2, report
+  assert len(first) <= 3 and len(second) <= 3, report
   assert not report["disjoint"] and report["cores_in_use"] == 2
