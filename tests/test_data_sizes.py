@@ -7,6 +7,7 @@ after a first run are prepared and checked anew, never served from the
 stale prepared copy.
 """
 
+import glob
 import json
 import os
 
@@ -74,3 +75,26 @@ def test_replaced_source_files_are_checked_not_served_stale(tmp_path, capfd):
   assert code == 1, err
   line = _error(err)
   assert "train-labels-idx1-ubyte holds 40 labels, expected 64" in line, line
+
+
+def test_a_flipped_byte_in_a_prepared_record_names_the_file(tmp_path, capfd):
+  # The sizes still match what TFDS wrote: only reading the record (its
+  # CRC) finds the damage, once training reads that far. The line names
+  # the file, not only TF's "corrupted record at N".
+  source_dir = _source(tmp_path, train=256)
+  code, _, err = _train(tmp_path, capfd, source_dir, "first",
+                        "--train_steps=1")
+  assert code == 0, err
+  (record,) = glob.glob(str(tmp_path / "tfds" / "**" / "*-train.tfrecord*"),
+                        recursive=True)
+  with open(record, "r+b") as f:
+    f.seek(os.path.getsize(record) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0xFF]))
+  code, _, err = _train(tmp_path, capfd, source_dir, "second",
+                        "--train_steps=16")
+  assert code == 1, err
+  line = _error(err)
+  assert f"{record} is missing, truncated or corrupt" in line, line
+  assert "DataLossError: corrupted record at" in line, line

@@ -198,6 +198,15 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
           f"{size} (repeat() the dataset for other epoch lengths). "
           f"Received: steps_per_epoch={steps_per_epoch}")
     return x, size, None, validation_data
+  if y is None and (hasattr(x, "__next__") or
+                    isinstance(x, keras.utils.PyDataset)):
+    # Batches of unknown size and count: each interlocking step is traced
+    # for one static batch, which tf.data can promise and a generator not.
+    raise ValueError(
+        f"fit takes arrays or a tf.data.Dataset, not a Python generator or "
+        f"PyDataset: wrap it as tf.data.Dataset.from_generator(gen, "
+        f"output_signature=...) with fixed-size batches, and pass "
+        f"steps_per_epoch. Received: x={type(x).__name__}")
   if x is None or y is None:
     raise ValueError("fit needs x and y arrays, or a dataset of (features, "
                      "labels). Received: y=None")

@@ -46,6 +46,7 @@ from tf_interlock import keras_metrics
 from tf_interlock import keras_private
 from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
+from tf_interlock import op_errors
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
 from tf_interlock import trainer as trainer_lib
@@ -81,6 +82,15 @@ class InterlockModel(keras.Model):
     if not modules:
       raise ValueError("InterlockModel needs at least one module. "
                        "Received: modules=[]")
+    for k, module in enumerate(modules):
+      first = next(i for i, other in enumerate(modules) if other is module)
+      if first < k:
+        # One layer's weights in two modules would be trained by two
+        # modules' rules as if they were two layers.
+        raise ValueError(
+            f"InterlockModel needs K distinct modules: module {first + 1} "
+            f"is given again as module {k + 1}. "
+            f"Received: modules[{k}]={module.name!r}")
     self.interlock_modules = modules
     self.interlock_strategy = strategy_lib.parse_strategy(strategy, variant)
     self._distribute = distribute
@@ -388,11 +398,12 @@ class InterlockModel(keras.Model):
     callbacks = fit_guards.with_guard(
         keras_fit.with_callback(callbacks, self._fit_logs.callback))
     kwargs.setdefault("validation_batch_size", batch_size)
-    return super().fit(dataset, epochs=epochs, verbose=verbose,
-                       callbacks=callbacks, shuffle=False,
-                       validation_data=validation_data,
-                       initial_epoch=initial_epoch,
-                       steps_per_epoch=keras_steps, **kwargs)
+    with op_errors.cause_first("InterlockModel.fit"):
+      return super().fit(dataset, epochs=epochs, verbose=verbose,
+                         callbacks=callbacks, shuffle=False,
+                         validation_data=validation_data,
+                         initial_epoch=initial_epoch,
+                         steps_per_epoch=keras_steps, **kwargs)
 
   def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
                      return_dict=False):
@@ -438,8 +449,9 @@ class InterlockModel(keras.Model):
     saved = fit_logs.steps_per_epoch, fit_logs.steps_done
     fit_logs.steps_per_epoch, fit_logs.steps_done = 1, 0
     try:
-      logs = self.make_train_function()(
-          iter(self.trainer.distribute_dataset(dataset)))
+      with op_errors.cause_first("InterlockModel.train_on_batch"):
+        logs = self.make_train_function()(
+            iter(self.trainer.distribute_dataset(dataset)))
     finally:
       fit_logs.steps_per_epoch, fit_logs.steps_done = saved
     logs = {key: float(value) for key, value in logs.items()}
@@ -454,7 +466,8 @@ class InterlockModel(keras.Model):
     """
     fit_arguments.check_lengths(x, y)
     fit_arguments.check_example_shape(x, self._example_shape())
-    return super().evaluate(x, y, *args, **kwargs)
+    with op_errors.cause_first("InterlockModel.evaluate"):
+      return super().evaluate(x, y, *args, **kwargs)
 
   def _example_shape(self):
     """The shape of one example the model takes, or None if not known.
@@ -511,6 +524,7 @@ class InterlockModel(keras.Model):
       Numpy logits.
     """
     exit = keras_fit.check_exit(self.interlock_modules, exit)
+    fit_arguments.check_example_shape(x, self._example_shape())
     if not self.built and hasattr(x, "shape"):
       # Built eagerly with x's dtype, as fit builds, not inside the traced
       # predict function with float32 zeros (a StringLookup takes strings).
@@ -518,8 +532,9 @@ class InterlockModel(keras.Model):
     self._predict_exit = exit
     self.predict_function = self._predict_functions.get(exit)
     try:
-      out = super().predict(x, batch_size=batch_size, verbose=verbose,
-                            steps=steps, callbacks=callbacks)
+      with op_errors.cause_first("InterlockModel.predict"):
+        out = super().predict(x, batch_size=batch_size, verbose=verbose,
+                              steps=steps, callbacks=callbacks)
     finally:
       self._predict_functions[exit] = self.predict_function
       self._predict_exit = None

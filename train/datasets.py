@@ -13,6 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
+from tf_interlock import op_errors
 from tf_interlock.data import fashion_mnist_local
 from tf_interlock.data import images
 from tf_interlock.data import text
@@ -90,6 +91,28 @@ def split_sizes(config):
     # The files given, not the official 60,000: --epochs counts these.
     return fashion_mnist_local.split_counts(config.data.source_dir)
   return info.splits["train"], info.splits[info.eval_split]
+
+
+def name_damaged_file(config, error):
+  """After `error`, a DataLossError while training read its data: the
+  prepared image files are read through, and a damaged one is named.
+
+  Raises:
+    ValueError: the file (`images.check_prepared_files`), with TF's error;
+      nothing when the data is not a prepared image data set or no file
+      is found damaged.
+  """
+  if config.data.dataset == "synthetic" or config.is_text:
+    return
+  try:
+    images.check_prepared_dataset(
+        config.data.dataset, data_dir=config.data.data_dir,
+        source_dir=config.data.source_dir, read_all=True)
+  except ValueError as e:
+    head, _, received = str(e).rpartition(" Received: ")
+    reason = op_errors.kernel_message(getattr(error, "message", error))
+    raise ValueError(f"{head} (training read: {type(error).__name__}: "
+                     f"{reason}). Received: {received}") from None
 
 
 def make_task(config, with_train=True):

@@ -52,6 +52,7 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
+from tf_interlock import op_errors
 from train import actions
 from train import stop_watchdog
 
@@ -78,17 +79,10 @@ def _raise_terminated(signum, frame):
 
 
 def first_line(text):
-  """The first non-empty line of `text`, cut to a readable length, without
-  the "{{function_node ...}}" prefix TF puts before a kernel's status. In
-  TF's "Graph execution error:" text, the first line of the kernel's own
-  message, after the traces of the nodes it names."""
-  lines = [line for line in str(text).splitlines() if line.strip()]
-  if lines and lines[0].strip() == "Graph execution error:":
-    lines = [line for line in lines[1:] if not line[0].isspace() and
-             not line.startswith("Detected at node") and
-             line.strip() != "<stack traces unavailable>"] or lines
-  line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
-                lines[0].strip() if lines else "")
+  """The first line of `text` that says what went wrong, cut to a readable
+  length: in TF's "Graph execution error:" text, the kernel's own message
+  after the traces of the nodes it names (`op_errors.kernel_message`)."""
+  line = op_errors.kernel_message(text)
   if len(line) <= _MAX_CHARS:
     return line
   return (line[:_MAX_CHARS - _TAIL_CHARS - 5] + " ... " +

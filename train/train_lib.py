@@ -408,7 +408,10 @@ def no_context_warning(results, unigram_perplexity, margin=0.95):
 
 def _raise_cluster_failure(config, error):
   """placement=cluster: a runtime error from a worker becomes one line
-  naming the worker (TrainingError); anything else is raised as it is."""
+  naming the worker (TrainingError); a damaged record in a prepared image
+  data set, one naming its file; anything else is raised as it is."""
+  if isinstance(error, tf.errors.DataLossError):
+    datasets.name_damaged_file(config, error)
   line = distribution.cluster_failure(config, error)
   if line is None:
     raise error

@@ -197,13 +197,15 @@ def _builder_kwargs(tfds_name: str, source_dir: Optional[str]) -> dict:
 
 def check_prepared_dataset(name: str, *, data_dir: Optional[str] = None,
                            source_dir: Optional[str] = None,
-                           tfds_name: Optional[str] = None) -> None:
+                           tfds_name: Optional[str] = None,
+                           read_all: bool = False) -> None:
   """`check_prepared_files` on the training and evaluation splits of an
   image dataset, before any pipeline is built; a dataset not prepared yet
   has nothing to check.
 
   Args:
     name, data_dir, source_dir, tfds_name: as for `image_dataset`.
+    read_all: as for `check_prepared_files`.
 
   Raises:
     ValueError: naming a damaged file.
@@ -217,21 +219,26 @@ def check_prepared_dataset(name: str, *, data_dir: Optional[str] = None,
   builder = tfds.builder(tfds_name, data_dir=data_dir,
                          **_builder_kwargs(tfds_name, source_dir))
   if builder.is_prepared():
-    check_prepared_files(builder, f"train+{info.eval_split}")
+    check_prepared_files(builder, f"train+{info.eval_split}",
+                         read_all=read_all)
 
 
 def check_prepared_files(builder: tfds.core.DatasetBuilder,
-                         split: str) -> None:
+                         split: str, read_all: bool = False) -> None:
   """Refuses a prepared split whose TFRecord files are not as TFDS wrote them.
 
   TFDS records each split's example count and serialized bytes, so its
   files must hold num_bytes + 16 x num_examples bytes in all. A truncated
   file would otherwise fail with a DataLossError only once training reads
-  that far. Only a mismatch reads the files, to name the damaged one.
+  that far. Only a mismatch reads the files, to name the damaged one,
+  unless `read_all`: a flipped byte keeps the sizes, and only reading
+  every record (its CRC) finds it.
 
   Args:
     builder: the prepared builder.
     split: the split read, e.g. "train" or "test[:10%]".
+    read_all: read every file even when the sizes match (after a
+      DataLossError, to name the file).
 
   Raises:
     ValueError: naming the damaged file (or the split's folder).
@@ -246,7 +253,8 @@ def check_prepared_files(builder: tfds.core.DatasetBuilder,
     sizes = [tf.io.gfile.stat(p).length if tf.io.gfile.exists(p) else -1
              for p in paths]
     expected = int(info.num_bytes) + _TFRECORD_OVERHEAD * info.num_examples
-    if sum(sizes) == expected and -1 not in sizes:
+    sizes_match = sum(sizes) == expected and -1 not in sizes
+    if sizes_match and not read_all:
       continue
     bad = next((p for p, size in zip(paths, sizes) if size < 0), None)
     for path in paths if bad is None else ():
@@ -256,6 +264,8 @@ def check_prepared_files(builder: tfds.core.DatasetBuilder,
       except tf.errors.OpError:
         bad = path
         break
+    if sizes_match and bad is None:
+      continue
     what = (f"{bad} is missing, truncated or corrupt" if bad else
             f"the {name} files under {builder.data_dir} hold {sum(sizes)} "
             f"bytes, not the {expected} TFDS wrote")
