@@ -27,7 +27,7 @@ def parsed_files(root, packages):
             yield os.path.relpath(path, root), ast.parse(f.read(), path)
 
 
-def _set_name(node):
+def set_name(node):
   """The constant name of `setattr(x, "name", v)` or
   `x.__setattr__("name", v)`, else None."""
   if not (isinstance(node, ast.Call) and len(node.args) > 1 and
@@ -54,6 +54,6 @@ def defined_names(tree):
       names.add(node.attr)
     elif isinstance(node, ast.arg):
       names.add(node.arg)
-    elif _set_name(node) is not None:
-      names.add(_set_name(node))
+    elif set_name(node) is not None:
+      names.add(set_name(node))
   return names
