@@ -1,9 +1,10 @@
 """Parsing our packages for the checks on private names.
 
-test_private_access.py (our packages' private names across packages) and
-test_keras_private.py (Keras's private names outside the adapter) both walk
-the packages' files with `ast` and need the names a file defines itself;
-both read them from here.
+test_private_access.py (our packages' private names across packages),
+test_keras_private.py (Keras's private names outside the adapter) and
+test_tf_private.py (any library's private names outside the adapters) walk
+the packages' files with `ast` and need the names a file defines or sets
+itself; they read them from here.
 """
 
 import ast
