@@ -13,7 +13,16 @@ L_k = loss(A_k(h_k), y). Two families are used:
   a projection to vocabulary logits, optionally tied to an embedding matrix E
   (logits = LN(h) @ E^T, Press & Wolf, 2017). A pre-LN Transformer's own
   output head (final LayerNorm + projection) has exactly this form.
+
+The kinds a caller names (`aux_head="authors"`) live in one registry here,
+`KINDS`: the ResNets (`resnet.resnet_modules`), `tf_interlock.from_keras`,
+the binaries' `--aux_head`, the user study and the benchmark all take its
+names, build through `make_aux_head` and list `names()` when refusing one.
+A new kind is a builder and one `register` call below.
 """
+
+import dataclasses
+from typing import Callable
 
 import keras
 from keras import ops
@@ -22,7 +31,6 @@ from layers.common import batch_norm, conv2d, track_as_attributes
 
 # Conv widths of the auxiliary heads in the authors' released ResNet code.
 AUTHORS_FILTERS = (128, 64)
-CONV_AUX_HEAD_KINDS = {"authors": AUTHORS_FILTERS, "pool": ()}
 
 
 @keras.saving.register_keras_serializable(package="tf_interlock")
@@ -101,11 +109,10 @@ class ConvAuxHead(keras.layers.Layer):
 
 
 def make_conv_aux_head(kind, num_classes, *, synchronized_bn=True, name=None):
-  """Builds a `ConvAuxHead` from a preset name or a list of conv widths.
+  """Builds a `ConvAuxHead` from a conv kind's name or a list of conv widths.
 
   Args:
-    kind: "authors" (conv 128, conv 64, as the authors' released code),
-      "pool" (pool + dense only), or a sequence of conv widths.
+    kind: "authors" or "pool" (`KINDS`), or a sequence of conv widths.
     num_classes: number of output logits.
     synchronized_bn: passed to `ConvAuxHead`.
     name: optional layer name.
@@ -114,11 +121,9 @@ def make_conv_aux_head(kind, num_classes, *, synchronized_bn=True, name=None):
     An unbuilt `ConvAuxHead`.
   """
   if isinstance(kind, str):
-    if kind not in CONV_AUX_HEAD_KINDS:
-      raise ValueError(
-          f"aux_head must be one of {sorted(CONV_AUX_HEAD_KINDS)} or a list "
-          f"of conv widths. Received: aux_head={kind!r}")
-    kind = CONV_AUX_HEAD_KINDS[kind]
+    return make_aux_head(kind, num_classes, IMAGE_FEATURES,
+                         synchronized_bn=synchronized_bn, name=name,
+                         conv_only=True)
   return ConvAuxHead(num_classes, filters=kind,
                      synchronized_bn=synchronized_bn, name=name)
 
@@ -244,3 +249,149 @@ class SequenceAuxHead(keras.layers.Layer):
     config.update(vocab_size=self.vocab_size, use_bias=self.use_bias,
                   epsilon=self.epsilon)
     return config
+
+
+# The shape `make_aux_head` assumes when a caller knows only that module k
+# outputs image feature maps [B, H, W, C] (a ResNet's blocks).
+IMAGE_FEATURES = (None, None, None, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuxHeadKind:
+  """One kind of aux head a caller may name.
+
+  Attributes:
+    name: what `aux_head=` takes ("authors").
+    description: a few words, listed in errors, flag help and docs.
+    build: `build(num_classes, shape, activation=..., output_shape=...,
+      synchronized_bn=..., name=...)` -> an unbuilt Keras layer, or None
+      for no aux head; `shape` is module k's output shape, batch axis
+      first; `activation` that of the network's output layer (None:
+      logits), `output_shape` the network's output shape.
+    conv: True when `build` makes a `ConvAuxHead` (its `flops` counts the
+      head's cost, which the ResNet's balanced split adds to each module).
+  """
+  name: str
+  description: str
+  build: Callable
+  conv: bool = False
+
+
+KINDS = {}
+
+
+def register(kind):
+  """Adds `kind` (an `AuxHeadKind`) to `KINDS`, under `kind.name`."""
+  if kind.name in KINDS:
+    raise ValueError(f"An aux head kind named {kind.name!r} is registered "
+                     f"already. Received: kind.name={kind.name!r}")
+  KINDS[kind.name] = kind
+  return kind
+
+
+def names(conv_only=False):
+  """The registered kinds' names, in registration order."""
+  return [name for name, kind in KINDS.items() if kind.conv or not conv_only]
+
+
+def describe():
+  """"name (description), ..." of every kind, for help texts."""
+  return ", ".join(f"{kind.name} ({kind.description})"
+                   for kind in KINDS.values())
+
+
+def check_kind(kind, conv_only=False, also=""):
+  """Raises ValueError unless `kind` names a registered kind.
+
+  Args:
+    kind: the name given.
+    conv_only: only the kinds that build a `ConvAuxHead` count.
+    also: what else the caller takes, e.g. " or a list of conv widths".
+  """
+  allowed = names(conv_only)
+  if not isinstance(kind, str) or kind not in allowed:
+    raise ValueError(f"aux_head must be one of {allowed}{also}. Received: "
+                     f"aux_head={kind!r}")
+
+
+def make_aux_head(kind, num_classes, shape, *, activation=None,
+                  output_shape=(), synchronized_bn=True, name=None,
+                  conv_only=False):
+  """Module k's aux head of a registered kind, unbuilt (None for "none").
+
+  Args:
+    kind: a name in `names()`.
+    num_classes: the head's outputs.
+    shape: the features' shape, batch axis included (`IMAGE_FEATURES` when
+      only their rank is known).
+    activation: the network output layer's activation, which a "linear"
+      head ends with so that one loss fits every exit; None for logits.
+    output_shape: the network's output shape (a per-position output makes
+      the "linear" head per position).
+    synchronized_bn: whether a conv head's BatchNormalization all-reduces
+      its statistics over replicas (`common.batch_norm`).
+    name: the layer's name.
+    conv_only: refuse the kinds that build no `ConvAuxHead`.
+  """
+  check_kind(kind, conv_only,
+             " or a list of conv widths" if conv_only else "")
+  return KINDS[kind].build(num_classes, tuple(shape), activation=activation,
+                           output_shape=tuple(output_shape),
+                           synchronized_bn=synchronized_bn, name=name)
+
+
+def _conv_builder(kind, filters):
+  def build(num_classes, shape, *, activation, output_shape,
+            synchronized_bn, name):
+    del activation, output_shape  # logits, as the ResNets' own output
+    if len(shape) != 4:
+      raise ValueError(
+          f"aux_head={kind!r} needs image features [B, H, W, C]; "
+          f"{name or 'the head'} would read features of shape {shape}. "
+          f"Received: aux_head={kind!r}")
+    return ConvAuxHead(num_classes, filters=filters,
+                       synchronized_bn=synchronized_bn, name=name)
+  return build
+
+
+def per_position(shape, output_shape):
+  """True when features of `shape` and the network's output share every axis
+  but the last (batch, then positions): a head then predicts each position.
+  """
+  return (len(output_shape) > 2 and len(shape) == len(output_shape) and
+          tuple(shape[1:-1]) == tuple(output_shape[1:-1]))
+
+
+def _linear(num_classes, shape, *, activation, output_shape,
+            synchronized_bn, name):
+  """One dense layer on the (spatially averaged, or flattened) features,
+  ending with the network output's activation so that one loss fits all.
+  When the network's output is per position (`per_position`, e.g. a
+  language model's [B, T, V] logits), LayerNormalization then one dense
+  layer at every position (`SequenceAuxHead`, the paper's LM head)."""
+  del synchronized_bn  # no BatchNormalization
+  if per_position(shape, output_shape):
+    if activation in (None, "linear"):
+      return SequenceAuxHead(num_classes, name=name)
+    return keras.Sequential(
+        [SequenceAuxHead(num_classes), keras.layers.Activation(activation)],
+        name=name)
+  head = []
+  if len(shape) == 4:
+    head.append(keras.layers.GlobalAveragePooling2D())
+  elif len(shape) > 2:
+    head.append(keras.layers.Flatten())
+  head.append(keras.layers.Dense(num_classes, activation=activation))
+  return keras.Sequential(head, name=name)
+
+
+register(AuxHeadKind("authors", "conv 128 -> conv 64 -> pool -> dense; "
+                     "image features",
+                     _conv_builder("authors", AUTHORS_FILTERS), conv=True))
+register(AuxHeadKind("pool", "pool -> dense; image features",
+                     _conv_builder("pool", ()), conv=True))
+register(AuxHeadKind("linear", "(pool or flatten) -> dense with the output's "
+                     "activation; LayerNorm -> dense per position for a "
+                     "per-position output; any features", _linear))
+register(AuxHeadKind("none", "no aux heads; only e2e trains them",
+                     lambda num_classes, shape, **unused: None))

@@ -13,8 +13,9 @@ ResNet-18/34/50/101 (1x1 conv + BN "projection" shortcuts).
 import keras
 from keras import ops
 
+from layers import aux_heads
 from layers import common
-from layers.aux_heads import ConvAuxHead, make_conv_aux_head
+from layers.aux_heads import ConvAuxHead
 from layers.common import batch_norm, conv2d, track_as_attributes
 
 # name -> (stem kind, block kind, blocks per stage)
@@ -351,8 +352,9 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
     balance: "flops", "main_flops" or "blocks", used when `split` is None.
     input_shape: per-example input shape (H, W, C) for the cost estimate;
       defaults to 32x32x3 (CIFAR presets) or 224x224x3 (ImageNet presets).
-    aux_head: "authors" (conv 128 -> conv 64 -> pool -> dense), "pool"
-      (pool -> dense), a list of conv widths, or None for no aux heads.
+    aux_head: a kind of `aux_heads.KINDS` ("authors": conv 128 -> conv 64
+      -> pool -> dense; "pool": pool -> dense; "linear"; "none"), a list
+      of conv widths, or None for no aux heads.
     width, stage_blocks, shortcut, synchronized_bn: as for `resnet_layers`.
     name: prefix of the module names (`{name}_module{k}`).
 
@@ -364,7 +366,13 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
       shortcut=shortcut, synchronized_bn=synchronized_bn)
 
   def new_aux_head(k):
-    return None if aux_head is None else make_conv_aux_head(
+    if aux_head is None:
+      return None
+    if isinstance(aux_head, str):
+      return aux_heads.make_aux_head(
+          aux_head, num_classes, aux_heads.IMAGE_FEATURES,
+          synchronized_bn=synchronized_bn, name=f"aux_head{k}")
+    return aux_heads.make_conv_aux_head(
         aux_head, num_classes, synchronized_bn=synchronized_bn,
         name=f"aux_head{k}")
 
@@ -377,8 +385,9 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
     block_costs[0] += flops[0]
     block_costs[-1] += flops[-1]
     # shapes[j + 2] is the output shape of block j, what A_k would see.
+    # A head without a FLOP count ("linear": one dense layer) is left out.
     cuts = ([probe.flops(s) for s in shapes[2:]]
-            if probe is not None and balance == "flops" else None)
+            if hasattr(probe, "flops") and balance == "flops" else None)
     return block_costs, cuts
 
   return common.split_modules(

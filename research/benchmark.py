@@ -32,6 +32,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from layers import aux_heads  # noqa: E402
 from layers import resnet  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
@@ -83,7 +84,7 @@ _CHANNELS = flags.DEFINE_integer(
     "(>= 1; 3: RGB).")
 _RESNET_AUX = flags.DEFINE_string(
     "resnet_aux_head", "authors", "model=resnet: aux head of modules "
-    "1..K-1, authors (conv 128 -> conv 64 -> pool -> dense) or pool.")
+    f"1..K-1, one of: {aux_heads.describe()}.")
 _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "role=profile: how often every op cost is measured "
     "(its median and range are reported).")
@@ -135,7 +136,7 @@ def validate():
   check = config_lib.check_number
   config_lib.check_choice("model", _MODEL.value, ("mlp", "resnet", "lm"))
   config_lib.check_choice("resnet_aux_head", _RESNET_AUX.value,
-                          ("authors", "pool"))
+                          tuple(aux_heads.names()))
   # The placements of one process that needs no cluster or TPU.
   config_lib.check_choice("placement", _PLACEMENT.value, tuple(
       name for name in placement_lib.names()

@@ -407,8 +407,11 @@ CONFIG_ARGS = {"train_steps": "steps", "time_budget_s": "time_budget_s",
                "threads_per_device": "threads_per_device",
                "steps_per_loop": "steps_per_execution",
                "eval_every_steps": "eval_every_steps"}
-# --aux_head's values as `from_keras` names them.
-_AUX_HEADS = {"pool": "linear", "authors": "authors", "none": None}
+# --aux_head's values (`layers.aux_heads.KINDS`) that a study passes to
+# `from_keras` as another: "pool" builds the "linear" head (pool -> dense on
+# image features, and a head for any features), "none" None, as studies
+# written before the registry recorded them.
+_AUX_HEADS = {"pool": "linear", "none": None}
 
 
 def compare_from_flags(model_fn, data, config, given, *, preset_given,
@@ -439,7 +442,7 @@ def compare_from_flags(model_fn, data, config, given, *, preset_given,
   args = {CONFIG_ARGS[name]: config.get(name)
           for name in given & set(CONFIG_ARGS)}
   if "aux_head" in args:
-    args["aux_head"] = _AUX_HEADS[args["aux_head"]]
+    args["aux_head"] = _AUX_HEADS.get(args["aux_head"], args["aux_head"])
   if given & {"optimizer", "learning_rate"}:
     optimizer = keras.optimizers.get(config.optim.optimizer if "optimizer" in given
                                      else "adam")

@@ -1,9 +1,10 @@
 """Parsing our packages for the checks on private names.
 
-test_private_access.py (our packages' private names across packages) and
-test_keras_private.py (Keras's private names outside the adapter) both walk
-the packages' files with `ast` and need the names a file defines itself;
-both read them from here.
+test_private_access.py (our packages' private names across packages),
+test_keras_private.py (Keras's private names outside the adapter) and
+test_tf_private.py (any library's private names outside the adapters) walk
+the packages' files with `ast` and need the names a file defines or sets
+itself; they read them from here.
 """
 
 import ast
@@ -27,7 +28,7 @@ def parsed_files(root, packages):
             yield os.path.relpath(path, root), ast.parse(f.read(), path)
 
 
-def _set_name(node):
+def set_name(node):
   """The constant name of `setattr(x, "name", v)` or
   `x.__setattr__("name", v)`, else None."""
   if not (isinstance(node, ast.Call) and len(node.args) > 1 and
@@ -54,6 +55,6 @@ def defined_names(tree):
       names.add(node.attr)
     elif isinstance(node, ast.arg):
       names.add(node.arg)
-    elif _set_name(node) is not None:
-      names.add(_set_name(node))
+    elif set_name(node) is not None:
+      names.add(set_name(node))
   return names

@@ -1,10 +1,11 @@
 """The floor a test file checks: library, train or research.
 
-The tree has floors, research -> train -> tf_interlock -> layers (see
-test_import_direction.py). A test file belongs to the highest floor it
-reaches: the packages it imports (nested imports too), and the binaries it
-runs by module name (a string such as "train.train" or
-"research.benchmark"). tf_interlock and layers together are the library.
+The code has five floors, research -> train -> step_model -> tf_interlock ->
+layers (see test_import_direction.py); the tests have three. A test file
+belongs to the highest floor it reaches: the packages it imports (nested
+imports too), and the binaries it runs by module name (a string such as
+"train.train" or "research.benchmark"). layers, tf_interlock and step_model
+together are the library.
 conftest.py marks every test with its file's floor, so that
 
   pytest -m library     # or train, research

@@ -6,7 +6,10 @@ import pytest
 import tensorflow as tf
 
 from layers import aux_heads
+from layers import resnet
 from layers.aux_heads import ConvAuxHead, SequenceAuxHead
+from tests.keras_models import sequential_cnn
+from tf_interlock import keras_split
 
 
 def _num_params(layer):
@@ -141,3 +144,48 @@ def test_heads_under_mixed_bfloat16(mixed_bfloat16):
   out = seq(tf.random.normal([2, 5, 8]))
   assert out.dtype == tf.bfloat16
   assert np.all(np.isfinite(tf.cast(out, tf.float32).numpy()))
+
+
+def test_the_registry_names_every_kind_and_errors_list_them():
+  assert aux_heads.names() == ["authors", "pool", "linear", "none"]
+  assert aux_heads.names(conv_only=True) == ["authors", "pool"]
+  for name in aux_heads.names():
+    assert f"{name} (" in aux_heads.describe()
+  with pytest.raises(ValueError, match=(
+      r"one of \['authors', 'pool', 'linear', 'none'\]\. "
+      r"Received: aux_head='big'")):
+    aux_heads.make_aux_head("big", 3, (None, 4))
+  with pytest.raises(ValueError, match="Received: kind.name='pool'"):
+    aux_heads.register(aux_heads.KINDS["pool"])
+
+
+def _dense_kind():
+  return aux_heads.AuxHeadKind(
+      "dense", "one dense layer",
+      lambda num_classes, shape, name=None, **unused: keras.layers.Dense(
+          num_classes, name=name))
+
+
+@pytest.mark.parametrize("kind", ["authors", "pool", "linear", "none",
+                                  "dense"])
+def test_resnet_and_from_keras_build_every_registered_kind(kind, monkeypatch):
+  # "dense" is registered here: a new kind reaches both without a change.
+  monkeypatch.setitem(aux_heads.KINDS, "dense", _dense_kind())
+  x = tf.random.normal([2, 8, 8, 4])
+  for modules in (resnet.resnet_modules("resnet20", 10, 2, aux_head=kind),
+                  keras_split.from_keras(sequential_cnn(), 2, split=[3, 8],
+                                         aux_head=kind)):
+    head = modules[0].aux_head
+    if kind == "none":
+      assert head is None
+      continue
+    assert head.name == "aux_head1"
+    if kind == "dense":
+      assert isinstance(head, keras.layers.Dense)
+      continue
+    assert head(x).shape == (2, 10)
+    if kind == "linear":
+      assert [type(layer) for layer in head.layers] == [
+          keras.layers.GlobalAveragePooling2D, keras.layers.Dense]
+    else:
+      assert head.filters == {"authors": (128, 64), "pool": ()}[kind]

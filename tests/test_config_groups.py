@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from layers import aux_heads
 from train import config as config_lib
 from train import config_fields
 from train import run_io
@@ -67,3 +68,14 @@ def test_an_old_flat_record_with_some_fields_still_loads():
           config.interlock.num_modules, config.devices.placement,
           config.run.train_steps) == ("mlp", "synthetic", 2, "simulated", 20)
   assert config.optim == config_lib.OptimizationConfig()
+
+
+def test_aux_head_takes_every_registered_kind_and_lists_them():
+  for kind in aux_heads.names():
+    config_lib.validate(config_lib.Config(aux_head=kind))
+  with pytest.raises(ValueError, match=(
+      r"aux_head.*\('authors', 'pool', 'linear', 'none'\).*big")):
+    config_lib.validate(config_lib.Config(aux_head="big"))
+  help_text = {f.name: f.metadata["help"]
+               for f in config_lib.flat_fields()}["aux_head"]
+  assert aux_heads.describe() in help_text

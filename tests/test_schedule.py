@@ -54,7 +54,7 @@ SERIAL_TIMES = {"local": 18.5, "2wise": 24.5, "3wise": 26.5, "e2e": 24.5,
 @pytest.mark.parametrize("num_microbatches", [1, 2])
 def test_one_core_runs_every_op_back_to_back(strategy, num_microbatches):
   plan = routing.make_plan(strategy, 4)
-  assert 18.5 + 2 * plan.num_input_vjps() == SERIAL_TIMES[strategy]
+  assert 18.5 + 2 * sum(map(len, plan.vjp_keys)) == SERIAL_TIMES[strategy]
   result = schedule.simulate([COST] * 4, strategy, num_cores=1,
                              num_microbatches=num_microbatches)
   assert result.step_time == pytest.approx(SERIAL_TIMES[strategy], abs=1e-9)

@@ -10,10 +10,12 @@ import os
 import numpy as np
 import pytest
 
+from layers import aux_heads
 from research import study_report
 from research import user_study
 from tests.binaries import run_binary
 from tests.keras_models import sequential_cnn
+from train import config as config_lib
 
 SIZE, BATCH = 8, 8
 MODEL_FN = "tests.test_user_study:tiny_cnn"
@@ -183,3 +185,18 @@ def test_a_model_from_keras_cannot_cut_is_refused_before_any_run(tmp_path):
     user_study.compare(tiny_cnn, DATA, out_dir=str(out_dir), steps=10,
                        num_modules=9, strategies=("e2e", "local"))
   assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("flag,passed", [
+    ("authors", "authors"), ("linear", "linear"), ("pool", "linear"),
+    ("none", None)])
+def test_aux_head_flag_reaches_from_keras_as_a_registry_name(
+    monkeypatch, flag, passed):
+  seen = {}
+  monkeypatch.setattr(user_study, "compare",
+                      lambda *args, **kwargs: seen.update(kwargs))
+  config = config_lib.Config(aux_head=flag)
+  user_study.compare_from_flags("m.py:f", "d.py:g", config, {"aux_head"},
+                                preset_given=False, seeds=1)
+  assert seen["aux_head"] == passed
+  assert passed is None or passed in aux_heads.names()

@@ -13,9 +13,9 @@ checkpoints use: the checkpoint's object graph, and the live objects through
 
 import keras
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+from tf_interlock import tf_private
+
 _VALUE = "VARIABLE_VALUE"
 
 
@@ -37,8 +37,7 @@ def variable_shapes(reader, prefix="module_"):
     reader: a checkpoint reader (`reader(prefix)`).
     prefix: the top-level names to walk.
   """
-  graph = trackable_object_graph_pb2.TrackableObjectGraph()
-  graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))
+  graph = tf_private.checkpoint_object_graph(reader)
   shapes = reader.get_variable_to_shape_map()
   found = {}
   for top in graph.nodes[0].children:

@@ -183,9 +183,8 @@ class InterlockStep:
     if self.metric_fn is not None:
       # One per-example score, logged as "accuracy", or {name: scores}
       # (`keras_metrics`: compile's list of metrics).
-      values = self.metric_fn(labels, logits)
-      named = values if isinstance(values, dict) else {"accuracy": values}
-      for name, value in named.items():
+      for name, value in metric_names.named_scores(
+          self.metric_fn(labels, logits)).items():
         metrics[metric_names.metric_name(k, name)] = self._average(
             value, global_batch_size, "metric_fn")
     return loss

@@ -153,7 +153,7 @@ class _Totals:
       loss = totals["loss"] / count
       results[head] = {"loss": loss, "num_examples": count}
       if "metric" in totals:
-        results[head]["accuracy"] = totals["metric"] / count
+        results[head][metric_names.DEFAULT_METRIC] = totals["metric"] / count
       if task == "lm":
         results[head]["perplexity"] = math.exp(loss)
     return results

@@ -26,14 +26,13 @@ files, the swap of an old export for a new one) is `tf_interlock.export_dir`.
 import os
 
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
-from tensorflow.python.saved_model import fingerprinting_utils
 
 from tf_interlock import exits as exits_lib
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import metric_names
 from tf_interlock import owned_dir
 from tf_interlock import paths
+from tf_interlock import tf_private
 
 SERVING_KEY = "serving_default"
 _EXIT_PREFIX = "exit_"
@@ -107,7 +106,7 @@ def _signatures(modules, input_spec):
 def _stop_gradients_to_identities(saved_model_dir):
   """Rewrites every StopGradient op of a SavedModel into an Identity op."""
   path = paths.join(saved_model_dir, "saved_model.pb")
-  proto = saved_model_pb2.SavedModel()
+  proto = tf_private.saved_model_proto()
   with tf.io.gfile.GFile(path, "rb") as f:
     proto.ParseFromString(f.read())
   for meta_graph in proto.meta_graphs:
@@ -122,7 +121,7 @@ def _stop_gradients_to_identities(saved_model_dir):
   # describes the rewritten graph.
   fingerprint = paths.join(saved_model_dir, "fingerprint.pb")
   owned_dir.remove(saved_model_dir, fingerprint)
-  fingerprinting_utils.write_fingerprint(saved_model_dir)
+  tf_private.write_saved_model_fingerprint(saved_model_dir)
 
 
 def export_saved_model(modules, input_spec, export_dir, *, owner=None,

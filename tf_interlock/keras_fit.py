@@ -13,7 +13,8 @@
   `steps_per_execution` batches: it runs `InterlockTrainer.train_loop` and
   adds its means to Keras `Mean` trackers, which Keras resets every epoch
   and shows in the progress bar and History.
-* `eval_trackers`/`update_eval_trackers`: evaluation of every exit.
+* `eval_trackers`/`update_eval_trackers`: evaluation of every exit, whose
+  values `evaluation.exit_values` gives.
 """
 
 import math
@@ -23,7 +24,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_interlock import evaluation
 from tf_interlock import exits as exits_lib
 from tf_interlock import input_nest
 from tf_interlock import losses
@@ -293,8 +293,10 @@ class FitLogs:
       self._updaters[key] = tf.function(update, autograph=False)
     return self._updaters[key]
 
-  def train_function(self, model):
-    """The callable `fit` calls with Keras's iterator; returns the logs."""
+  def train_function(self, model, names):
+    """The callable `fit` calls with Keras's iterator; returns the logs.
+
+    `names`: compile's metric names (`metric_names.with_keras_names`)."""
     def train_function(iterator):
       trackers = {m.name: m for m in model.metrics}
       spe = model.steps_per_execution
@@ -308,12 +310,9 @@ class FitLogs:
       calls = ([(spe, num)] if num == spe else
                [(1, 1)] * (max(num, 1) - 1) + [(1, min(num, 1))])
       for steps, counted in calls:
-        metrics = model.trainer.train_loop(iterator, num_steps=steps)
-        # Keras's own names are the network's, module K's.
-        for name in ["loss"] + getattr(model, "_metric_names", ["accuracy"]):
-          key = metric_names.metric_name(model.num_modules - 1, name)
-          if key in metrics:
-            metrics[name] = metrics[key]
+        metrics = metric_names.with_keras_names(
+            model.trainer.train_loop(iterator, num_steps=steps),
+            model.num_modules, names)
         for key in metrics:
           if key not in trackers:
             trackers[key] = self.extra[key] = keras.metrics.Mean(name=key)
@@ -365,7 +364,7 @@ def eval_trackers(modules, with_metric):
   `with_metric`: a bool ("accuracy" or none) or the metrics' names.
   """
   if isinstance(with_metric, bool):
-    with_metric = ["accuracy"] if with_metric else []
+    with_metric = [metric_names.DEFAULT_METRIC] if with_metric else []
   names = ["loss"] + list(with_metric)
   for index in range(len(modules)):
     if exits_lib.is_exit(modules, index):
@@ -375,22 +374,29 @@ def eval_trackers(modules, with_metric):
   return [keras.metrics.Mean(name=name) for name in names]
 
 
-def update_eval_trackers(model, x, y):
-  """Runs every exit on a batch (the one evaluator, `evaluation`) and
-  updates the trackers; "loss" and "accuracy" are module K's."""
-  trackers = {m.name: m for m in model.metrics}
-  # pylint: disable=protected-access
-  values = evaluation.exit_values(model.interlock_modules, x, y,
-                                  model._loss_fn, model._metric_fn,
-                                  scope=model._scope)
-  # pylint: enable=protected-access
-  network = metric_names.network_head(values)
+def update_eval_trackers(trackers, values, names):
+  """Adds one batch of every exit's per-example values to the trackers.
+
+  Args:
+    trackers: `eval_trackers`'s, for the same modules and `names`.
+    values: `evaluation.exit_values`'s {"module_k": {"loss", "metric"}},
+      the deepest head the network's.
+    names: compile's metric names; module K's values are logged under
+      these (and "loss") too (`metric_names.with_keras_names`).
+
+  Returns:
+    {name: result} of every tracker, in their order.
+  """
+  flat = {}
   for head, per_example in values.items():
-    for prefix in [f"{head}/"] + ([""] if head == network else []):
-      trackers[prefix + "loss"].update_state(per_example["loss"])
-      if "metric" in per_example:
-        metric = per_example["metric"]
-        for name, value in (metric.items() if isinstance(metric, dict)
-                            else [("accuracy", metric)]):
-          trackers[prefix + name].update_state(value)
-  return {m.name: m.result() for m in model._eval_trackers}  # pylint: disable=protected-access
+    index = metric_names.head_index(head)
+    flat[metric_names.metric_name(index, "loss")] = per_example["loss"]
+    for name, value in metric_names.named_scores(
+        per_example.get("metric", {})).items():
+      flat[metric_names.metric_name(index, name)] = value
+  by_name = {tracker.name: tracker for tracker in trackers}
+  network = metric_names.head_index(metric_names.network_head(values)) + 1
+  for key, value in metric_names.with_keras_names(flat, network,
+                                                  names).items():
+    by_name[key].update_state(value)
+  return {tracker.name: tracker.result() for tracker in trackers}

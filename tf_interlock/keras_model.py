@@ -35,6 +35,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from tf_interlock import evaluation
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
@@ -338,7 +339,8 @@ class InterlockModel(keras.Model):
 
   def make_train_function(self, force=False):
     if self.train_function is None or force:
-      self.train_function = self._fit_logs.train_function(self)
+      self.train_function = self._fit_logs.train_function(
+          self, getattr(self, "_metric_names", []))
     return self.train_function
 
   def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
@@ -505,7 +507,11 @@ class InterlockModel(keras.Model):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     if sample_weight is not None:
       y = (y, sample_weight)
-    return keras_fit.update_eval_trackers(self, x, y)
+    values = evaluation.exit_values(self.interlock_modules, x, y,
+                                    self._loss_fn, self._metric_fn,
+                                    scope=self._scope)
+    return keras_fit.update_eval_trackers(self._eval_trackers, values,
+                                          self._metric_names)
 
   def predict_step(self, data):
     x, _, _ = keras.utils.unpack_x_y_sample_weight(data)

@@ -29,6 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from layers import aux_heads
 from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
@@ -39,7 +40,6 @@ from tf_interlock import layer_state
 from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
-AUX_HEAD_KINDS = ("linear", "authors")
 
 
 @keras.saving.register_keras_serializable(package="tf_interlock")
@@ -365,24 +365,10 @@ def _timed_costs(pieces, sample, custom_objects):
   return costs
 
 
-def per_position(shape, output_shape):
-  """True when features of `shape` and the network's output share every axis
-  but the last (batch, then positions): a head then predicts each position.
-  """
-  return (len(output_shape) > 2 and len(shape) == len(output_shape) and
-          tuple(shape[1:-1]) == tuple(output_shape[1:-1]))
-
-
 def _make_aux_head(aux_head, k, shape, num_classes, activation,
                    output_shape=()):
-  """A_k for features of `shape` (batch axis included), unbuilt.
-
-  When the network's output is per position (`per_position`, e.g. a
-  language model's [B, T, V] logits), the "linear" head is per position too:
-  LayerNormalization then one Dense to the classes at every position
-  (`layers.aux_heads.SequenceAuxHead`), the paper's LM head, so module k's
-  exit predicts every token.
-  """
+  """A_k for features of `shape` (batch axis included), unbuilt: a kind of
+  `layers.aux_heads.KINDS` (None for "none") or the user's callable."""
   name = f"aux_head{k}"
   if callable(aux_head) and not isinstance(aux_head, str):
     head = aux_head(k, shape)
@@ -390,35 +376,11 @@ def _make_aux_head(aux_head, k, shape, num_classes, activation,
       raise TypeError(f"aux_head(k, shape) must return a Keras layer. "
                       f"Received: aux_head({k}, {shape})={head!r}")
     return head
-  if aux_head == "authors":
-    if len(shape) != 4:
-      raise ValueError(
-          f"aux_head='authors' needs image features [B, H, W, C]; the cut "
-          f"after module {k} carries shape {shape}. Received: "
-          f"aux_head={aux_head!r}")
-    # Imported here: layers.aux_heads imports layers.common, which imports
-    # this package (tf_interlock/__init__.py imports this module).
-    from layers.aux_heads import make_conv_aux_head  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-    # BN inside the authors' head is per replica here, as in the source model.
-    return make_conv_aux_head("authors", num_classes, synchronized_bn=False,
-                              name=name)
-  # "linear": a linear classifier on the (spatially averaged) features, with
-  # the activation of the model's own output layer so that one loss fits all.
-  if per_position(shape, output_shape):
-    # Imported here for the same reason as make_conv_aux_head above.
-    from layers.aux_heads import SequenceAuxHead  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-    if activation in (None, "linear"):
-      return SequenceAuxHead(num_classes, name=name)
-    return keras.Sequential(
-        [SequenceAuxHead(num_classes),
-         keras.layers.Activation(activation)], name=name)
-  head = []
-  if len(shape) == 4:
-    head.append(keras.layers.GlobalAveragePooling2D())
-  elif len(shape) > 2:
-    head.append(keras.layers.Flatten())
-  head.append(keras.layers.Dense(num_classes, activation=activation))
-  return keras.Sequential(head, name=name)
+  # BN inside a conv head is per replica here, as in the source model.
+  return aux_heads.make_aux_head(aux_head, num_classes, shape,
+                                 activation=activation,
+                                 output_shape=output_shape,
+                                 synchronized_bn=False, name=name)
 
 
 def _cuts_from_split(split, layers, num_modules):
@@ -471,13 +433,14 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     balance: "flops" (dense/conv multiply-adds, see `layer_flops`),
       "params" (parameter counts), or "time" (each block's measured forward
       time on `sample`, one block at a time).
-    aux_head: "linear" ((pooling and) one dense layer; when the model's
-      output is per position, [B, T, classes], LayerNormalization and a
-      dense layer at every position, so each exit predicts every token),
-      "authors" (conv 128
-      -> conv 64 -> pool -> dense, image features only), a callable
-      `(k, feature_shape) -> keras layer` (k = 1..K-1), or None (no aux
-      heads: only the "e2e" strategy can train such modules).
+    aux_head: a kind of `layers.aux_heads.KINDS`: "linear" ((pooling
+      and) one dense layer; when the model's output is per position,
+      [B, T, classes], LayerNormalization and a dense layer at every
+      position, so each exit predicts every token), "authors" (conv 128
+      -> conv 64 -> pool -> dense, image features only), "pool" (pool ->
+      dense, image features only) or "none"; a callable
+      `(k, feature_shape) -> keras layer` (k = 1..K-1); or None (no aux
+      heads, as "none": only the "e2e" strategy can train such modules).
     num_classes: outputs of the aux heads; defaults to the last axis of the
       model's output.
     sample: a batch of inputs for balance="time"; defaults to 32 random
@@ -499,10 +462,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
                      f"Received: balance={balance!r}")
-  if not (aux_head is None or aux_head in AUX_HEAD_KINDS or (
-      callable(aux_head) and not isinstance(aux_head, str))):
-    raise ValueError(f"aux_head must be one of {AUX_HEAD_KINDS}, a callable "
-                     f"or None. Received: aux_head={aux_head!r}")
+  if not (aux_head is None or (callable(aux_head) and
+                               not isinstance(aux_head, str))):
+    aux_heads.check_kind(aux_head, also=", a callable or None")
   config = graph.get_config()
   crossing = _crossings(nodes, tf.nest.flatten(graph.inputs),
                         graph.outputs[0])

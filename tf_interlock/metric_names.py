@@ -7,8 +7,9 @@ head's logits for k < K, the network's own output for k = K (see
 "module_1/grad_norm", Keras `fit`'s logs, TensorBoard (training and
 evaluation) and the evaluation results, which nest the same names as
 {"module_1": {"loss": ..., "accuracy": ...}, ..., "module_K": {...}}.
-Keras's own "loss" and "accuracy" in `fit`'s logs are module K's, the
-network's.
+Keras's own "loss" and "accuracy" in `fit`'s and `evaluate`'s logs are
+module K's, the network's (`with_keras_names`), and a metric function's one
+score (not a dict of them) is named "accuracy" (`named_scores`).
 
 Results written before this scheme named the exits "exit_{k}" and the
 network's head "final"; `canonical_heads` reads them in today's names.
@@ -38,6 +39,41 @@ def metric_name(index, name):
     "module_{index + 1}/{name}".
   """
   return f"{module_name(index)}/{name}"
+
+
+# The name of a metric function's one score; a function returning a dict
+# names each of its scores itself (`keras_metrics`: compile's metrics).
+DEFAULT_METRIC = "accuracy"
+
+
+def named_scores(scores):
+  """A metric function's result as {name: value}: a dict as it is, one
+  value (a tensor) as {"accuracy": value}."""
+  return scores if isinstance(scores, dict) else {DEFAULT_METRIC: scores}
+
+
+def with_keras_names(metrics, num_modules, names):
+  """`metrics` plus the names Keras itself shows for them.
+
+  Keras's progress bar, History and callbacks know a model's "loss" and
+  the names of `compile`'s metrics. Ours are module K's (the network's),
+  which `metrics` holds as "module_K/loss" and "module_K/<name>"; each of
+  them present is added again under the bare name, after the others.
+
+  Args:
+    metrics: {"module_k/<name>": value}.
+    num_modules: K.
+    names: the metrics' names besides "loss" (e.g. ["accuracy"]).
+
+  Returns:
+    A new dict: `metrics`, then "loss" and each of `names` present.
+  """
+  named = dict(metrics)
+  for name in ["loss", *names]:
+    key = metric_name(num_modules - 1, name)
+    if key in metrics:
+      named[name] = metrics[key]
+  return named
 
 
 def parse_metric_name(key):

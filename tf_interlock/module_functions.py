@@ -43,7 +43,8 @@ import collections
 import functools
 
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config
+
+from tf_interlock import tf_private
 
 # Which placements trace each module's body and update once is the
 # placement's `traced`: one process under the default strategy. TPU (logical
@@ -86,6 +87,11 @@ class PerModuleFunction:
     self.key = key
     self.owner = owner
     self._function = None
+
+  @property
+  def made(self):
+    """Whether the `tf.function` exists (the first traced call made it)."""
+    return self._function is not None
 
   def _make_function(self):
     fn, key, owner = self.fn, self.key, self.owner
@@ -147,7 +153,7 @@ class ModuleFunctions:
     Raises:
       RuntimeError: once a function has been traced without XLA.
     """
-    if any(f._function is not None for f in self.functions.values()):
+    if any(f.made for f in self.functions.values()):
       raise RuntimeError("compile_each must come before the first call of "
                          "a per-module function. Received: traced already")
     self.jit_compile = True
@@ -222,5 +228,5 @@ def resolve_jit_compile(jit_compile, placement, distribute):
     return False
   if jit_compile == "auto":
     return (placement.on_accelerator()
-            and not tf_config.is_op_determinism_enabled())
+            and not tf_private.op_determinism_enabled())
   return jit_compile

@@ -53,14 +53,6 @@ class RoutingPlan:
     lo = self.loss_low[j]
     return lo is not None and lo <= k <= j and lo in self.weight_keys[k]
 
-  def losses_training(self, k):
-    """The losses j whose gradient updates theta_k."""
-    return tuple(j for j in range(self.num_modules) if self.trains(j, k))
-
-  def num_input_vjps(self):
-    """Input VJPs per step, summed over modules (a cost of the strategy)."""
-    return sum(len(keys) for keys in self.vjp_keys)
-
 
 def _updates(variant, lo, final_lo, k):
   """Whether the stream keyed `lo` trains module k (lo <= k)."""

@@ -1,6 +1,14 @@
 """The one place our packages touch TensorFlow's private names.
 
-TF has no public way to give one `tf.function` its own graph-optimisation
+Everything our packages (tf_interlock/, layers/, step_model/, train/,
+research/) need from `tensorflow.python`, `tensorflow.core` (TF's protocol
+buffers, outside the public `tf.*` API) or a private attribute of a TF object
+goes through a function here, whose docstring names what it touches and why
+no public API does the job; Keras's private names have their own adapter,
+`tf_interlock/keras_private.py`. tests/test_tf_private.py walks every
+package file's syntax tree and fails on a private name anywhere else.
+
+Graph optimisation per call. TF has no public way to give one `tf.function` its own graph-optimisation
 settings: `tf.config.optimizer.set_experimental_options` holds for every
 function of the process, the user's included. The runtime does take them
 per call: a function call carries a `config_proto` attribute, read from the
@@ -19,7 +27,12 @@ import contextlib
 
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.core.protobuf import rewriter_config_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.eager import context as eager_context
+from tensorflow.python.framework import config as tf_config
+from tensorflow.python.saved_model import fingerprinting_utils
+from tensorflow.python.training import checkpoint_state_pb2
 
 # TF versions whose private names below were read in the source and
 # exercised by tests/test_tf_private.py.
@@ -70,3 +83,71 @@ def light_graph_optimization():
     yield
   finally:
     ctx.function_call_options = old
+
+
+def op_determinism_enabled():
+  """Whether `tf.config.experimental.enable_op_determinism` is in force.
+
+  Reads `tensorflow.python.framework.config.is_op_determinism_enabled`: the
+  public API can switch determinism on but not ask whether it is on. XLA's
+  "auto" stays off under it (`module_functions.resolve_jit_compile`).
+  """
+  return tf_config.is_op_determinism_enabled()
+
+
+def saved_model_proto():
+  """An empty `SavedModel` protocol buffer (`saved_model.pb`'s format).
+
+  From `tensorflow.core.protobuf.saved_model_pb2`: TF's public API loads a
+  SavedModel as objects, never as its graph proto, which the export rewrites
+  in place (its StopGradient ops become Identity ops).
+  """
+  return saved_model_pb2.SavedModel()
+
+
+def write_saved_model_fingerprint(saved_model_dir):
+  """Writes `fingerprint.pb` for the SavedModel in `saved_model_dir`.
+
+  Calls `tensorflow.python.saved_model.fingerprinting_utils
+  .write_fingerprint`, what `tf.saved_model.save` calls last: the
+  fingerprint holds a hash of `saved_model.pb`, so a rewritten graph needs a
+  new one, and only `save` writes it publicly.
+  """
+  fingerprinting_utils.write_fingerprint(saved_model_dir)
+
+
+def checkpoint_state(**fields):
+  """A `CheckpointState` proto: the text format of a checkpoint folder's
+  "checkpoint" pointer file that `tf.train.CheckpointManager` and
+  `tf.train.latest_checkpoint` read.
+
+  From `tensorflow.python.training.checkpoint_state_pb2`. The run folder
+  parses the pointer to check it before TF trusts it, and writes it
+  atomically itself; TF's public functions read or write it without either.
+
+  Args:
+    **fields: the proto's fields (`model_checkpoint_path`,
+      `all_model_checkpoint_paths`); none for an empty proto to parse into.
+  """
+  return checkpoint_state_pb2.CheckpointState(**fields)
+
+
+# The key under which a TF2 checkpoint stores its object graph (TF's
+# `base.OBJECT_GRAPH_PROTO_KEY`).
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def checkpoint_object_graph(reader):
+  """The `TrackableObjectGraph` proto of a TF2 checkpoint.
+
+  Reads the tensor TF keeps under "_CHECKPOINTABLE_OBJECT_GRAPH" and parses
+  it with `tensorflow.core.protobuf.trackable_object_graph_pb2`: the public
+  reader lists checkpoint keys and shapes, not the object path each
+  variable was saved under, which `checkpoint_match` compares.
+
+  Args:
+    reader: a checkpoint reader (`tf.train.load_checkpoint`'s kind).
+  """
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+  return graph

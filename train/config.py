@@ -15,6 +15,7 @@ import os
 
 import tensorflow as tf
 
+from layers import aux_heads
 from layers import resnet
 from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
@@ -44,7 +45,6 @@ PRECISIONS = config_fields.PRECISIONS
 JIT_COMPILE = config_fields.JIT_COMPILE
 NAN_POLICIES = config_fields.NAN_POLICIES
 VOCAB_KINDS = config_fields.VOCAB_KINDS
-AUX_HEADS = config_fields.AUX_HEADS
 MAX_GET_NEXT_CALLS = config_fields.MAX_GET_NEXT_CALLS
 MAX_MLP_MODULES = config_fields.MAX_MLP_MODULES
 MAX_TRAIN_STEPS = config_fields.MAX_TRAIN_STEPS
@@ -169,7 +169,7 @@ def _check_choices(config):
                          ("jit_compile", JIT_COMPILE),
                          ("on_nan", NAN_POLICIES),
                          ("vocab_kind", VOCAB_KINDS),
-                         ("aux_head", AUX_HEADS),
+                         ("aux_head", tuple(aux_heads.names())),
                          ("dataset",
                           IMAGE_DATASETS + TEXT_DATASETS + SYNTHETIC)):
     check_choice(field, config.get(field), allowed)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 from typing import Optional, Tuple
 
+from layers import aux_heads
 from tf_interlock import placement as placement_lib
 
 MODELS = ("resnet", "transformer", "mlp")
@@ -28,7 +29,6 @@ PRECISIONS = ("float32", "bfloat16")
 JIT_COMPILE = ("auto", "true", "false")
 NAN_POLICIES = ("stop", "skip")
 VOCAB_KINDS = ("wordpiece", "char")
-AUX_HEADS = ("authors", "pool", "none")
 # One training loop is one tf.function (autograph off) that unrolls
 # steps_per_loop steps, each calling next() on the dataset iterator. TF
 # counts those calls in each trace and above 32 raises "An unusually high
@@ -73,9 +73,8 @@ class ModelConfig:
       1.0, "model=resnet: multiplier (> 0) of every stage's channel count; "
       "1 is the published width.")
   aux_head: str = _field(
-      "authors", f"Aux head A_k of modules 1..K-1: {_one_of(AUX_HEADS)} "
-      "(authors: conv 128 -> conv 64 -> pool -> dense; pool: pool -> "
-      "dense).")
+      "authors", f"Aux head A_k of modules 1..K-1 (model=resnet, and "
+      f"research.compare --model_fn), one of: {aux_heads.describe()}.")
   seq_len: int = _field(64, "model=transformer: tokens per training "
                         "sequence (>= 1); the corpus is cut into windows "
                         "of seq_len + 1 tokens.")

@@ -38,7 +38,6 @@ line is printed: the threads of TF's gRPC server can hold up a normal exit
 of the interpreter for good.
 """
 
-import atexit
 import errno
 import functools
 import os
@@ -54,6 +53,7 @@ import tensorflow as tf
 
 from tf_interlock import op_errors
 from train import actions
+from train import python_private
 from train import stop_watchdog
 
 # A longer line is cut in its middle: TF's statuses can run to many kB, while
@@ -256,7 +256,7 @@ def _fail(line, hard_exit=False):
       # SystemExit, as any other fault; only a binary leaves at once.
       hard_exit = False
     else:
-      atexit._run_exitfuncs()  # pylint: disable=protected-access
+      python_private.run_exit_functions()
   if hard_exit:
     _leave(1)
   logging.set_verbosity(logging.ERROR)

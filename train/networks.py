@@ -52,7 +52,7 @@ def make_modules(config, task, synchronized_bn=True):
     return resnet.resnet_modules(
         config.network.resnet_preset, task.num_classes, config.interlock.num_modules,
         split=split, input_shape=task.input_shape, width=config.network.resnet_width,
-        aux_head=None if config.network.aux_head == "none" else config.network.aux_head,
+        aux_head=config.network.aux_head,
         synchronized_bn=synchronized_bn)
   if config.network.model == "transformer":
     return transformer.transformer_lm_modules(

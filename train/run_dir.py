@@ -22,11 +22,11 @@ import uuid
 
 from google.protobuf import text_format
 import tensorflow as tf
-from tensorflow.python.training import checkpoint_state_pb2
 
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import owned_dir
 from tf_interlock import paths
+from tf_interlock import tf_private
 
 CONFIG = "config.json"
 RUN_INFO = "run.json"
@@ -364,7 +364,7 @@ class RunDir:
     try:
       with tf.io.gfile.GFile(path, "rb") as f:
         state = text_format.Parse(f.read().decode("utf-8"),
-                                  checkpoint_state_pb2.CheckpointState())
+                                  tf_private.checkpoint_state())
     except (UnicodeDecodeError, text_format.ParseError, tf.errors.OpError):
       return "is unreadable", None
     outside = [entry for entry in [state.model_checkpoint_path,
@@ -469,7 +469,7 @@ class RunDir:
       tf.io.gfile.rename(pointer, pointer + ".unreadable", overwrite=True)
     step = int(paths.basename(prefix).split("-")[1])
     kept = [f"ckpt-{n}" for n in self.complete_checkpoints() if n <= step]
-    state = checkpoint_state_pb2.CheckpointState(
+    state = tf_private.checkpoint_state(
         model_checkpoint_path=paths.basename(prefix),
         all_model_checkpoint_paths=kept)
     self._write_atomic(pointer, text_format.MessageToString(state))
