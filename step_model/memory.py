@@ -85,7 +85,7 @@ def _bytes(tensors):
 
 def saved_bytes(fn, variables, x):
   """Bytes of the forward tensors that the backward of `fn(x)` reads, and
-  the output's `tf.TensorSpec`.
+  the output's `tf.TensorSpec` (`saved_tensors` gives more).
 
   Traces `fn` and the VJP of its (summed) output with respect to
   `variables` (and `x` when it is a float tensor) into one graph, nothing
@@ -97,6 +97,18 @@ def saved_bytes(fn, variables, x):
     variables: the trainable variables the backward differentiates.
     x: a `tf.TensorSpec` (or tensor) of the batch to count for.
   """
+  saved, output, _ = saved_tensors(fn, variables, x)
+  return saved, output
+
+
+def saved_tensors(fn, variables, x):
+  """`saved_bytes`, and the bytes of the output itself among those saved
+  (a ReLU's output, which ReluGrad reads): the next module's input is that
+  same tensor, not a second one, on a device that holds both.
+
+  Returns:
+    (saved bytes, the output's `tf.TensorSpec`, output bytes saved or 0).
+  """
   spec = tf.TensorSpec(x.shape, x.dtype)
   watch = spec.dtype.is_floating
   output, forward = [], set()
@@ -107,7 +119,7 @@ def saved_bytes(fn, variables, x):
         tape.watch(inputs)
       out = fn(inputs)
       total = tf.reduce_sum(tf.cast(out, tf.float32))
-    output.append(tf.TensorSpec(out.shape, out.dtype))
+    output.append(out)
     # Every op traced so far is the forward's; the rest is the backward
     # (the tape also adds ops outside its name scope, e.g. the AddN that
     # sums the gradients of a tensor read twice).
@@ -123,7 +135,9 @@ def saved_bytes(fn, variables, x):
     for t in op.inputs:
       if t.op.name in forward and t.op.type not in _NOT_ACTIVATIONS:
         saved[t.name] = t
-  return _bytes(saved.values()), output[0]
+  out = output[0]
+  return (_bytes(saved.values()), tf.TensorSpec(out.shape, out.dtype),
+          _bytes([out]) if out.name in saved else 0)
 
 
 def _variable_bytes(variables):
@@ -140,11 +154,14 @@ class ModuleFootprint:
     activations: bytes the body's backward reads, per microbatch.
     aux: bytes the aux head's backward reads, per microbatch.
     inputs: bytes of the module's input x_k, per microbatch.
+    output_saved: bytes of h_k among `activations` (its backward reads it),
+      per microbatch: module k + 1's input on the same device.
   """
   fixed: DeviceMemory
   activations: int
   aux: int
   inputs: int
+  output_saved: int = 0
 
 
 def footprints(trainer, features_spec):
@@ -157,7 +174,7 @@ def footprints(trainer, features_spec):
   """
   out, spec = [], tf.TensorSpec(features_spec.shape, features_spec.dtype)
   for k, module in enumerate(trainer.modules):
-    act, out_spec = saved_bytes(
+    act, out_spec, out_saved = saved_tensors(
         lambda x, m=module: m.body(x, training=True),
         module.body.trainable_variables, spec)
     aux = 0
@@ -168,7 +185,7 @@ def footprints(trainer, features_spec):
         weights=_variable_bytes(module.weights),
         slots=_variable_bytes(trainer.optimizers[k].variables),
         gradients=_variable_bytes(trainer.variables(k)))
-    out.append(ModuleFootprint(fixed, act, aux, _bytes([spec])))
+    out.append(ModuleFootprint(fixed, act, aux, _bytes([spec]), out_saved))
     spec = out_spec
   return out
 
@@ -220,9 +237,13 @@ def count(footprints_, num_microbatches=1, recompute=False, one_device=False,
   # An aux head's backward runs right after its forward, and a recomputed
   # module's activations live only while its backward runs: those are
   # alive one module at a time (the largest counts); the rest is kept.
+  # Module k's input is module k - 1's output: one tensor, counted once
+  # where module k - 1's backward keeps it anyway.
+  shared = [0] + [0 if r else f.output_saved * num_microbatches
+                  for f, r in zip(footprints_[:-1], recompute[:-1])]
   kept = sum((DeviceMemory(activations=0 if r else d.activations,
-                           inputs=d.inputs) for d, r in zip(live, recompute)),
-             DeviceMemory())
+                           inputs=d.inputs - s)
+              for d, r, s in zip(live, recompute, shared)), DeviceMemory())
   transient = max((DeviceMemory(activations=d.activations if r else 0,
                                 aux=d.aux) for d, r in zip(live, recompute)),
                   key=lambda d: d.total)

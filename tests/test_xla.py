@@ -214,8 +214,8 @@ def test_auto_follows_keras(monkeypatch):
   assert module_functions.resolve_jit_compile(True, single, default) is True
   gpus = placement_lib.Placement("gpu", ["/gpu:0", "/gpu:1"])
   assert module_functions.resolve_jit_compile("auto", gpus, default) is True
-  monkeypatch.setattr(module_functions.tf_config,
-                      "is_op_determinism_enabled", lambda: True)
+  monkeypatch.setattr(module_functions.tf_private,
+                      "op_determinism_enabled", lambda: True)
   assert module_functions.resolve_jit_compile("auto", gpus, default) is False
 
 

@@ -72,6 +72,14 @@ def _add(a, b):
   return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
+def _module_of(key):
+  """The index of the module a logged value belongs to (0 if none)."""
+  try:
+    return metric_names.parse_metric_name(key)[0]
+  except ValueError:
+    return 0
+
+
 def _split(structure, num):
   """Splits every tensor of `structure` into `num` equal parts on axis 0."""
   if num == 1:
@@ -326,9 +334,7 @@ class InterlockTrainer:
       if grads is None:
         grads, metrics = g, mets
       else:
-        grads = [[_add(a, b) for a, b in zip(ga, gb)]
-                 for ga, gb in zip(grads, g)]
-        metrics = {key: metrics[key] + mets[key] for key in metrics}
+        grads, metrics = self._accumulate(grads, metrics, g, mets)
     for k, opt in enumerate(self.optimizers):
       with self.placement.scope(k):
         scale = None if scales is None else scales[k]
@@ -343,6 +349,21 @@ class InterlockTrainer:
           grads[k] = self.replicas.sum_module(k, grads[k], metrics)
         self._updates[k](grads[k])
     return metrics
+
+  def _accumulate(self, grads, metrics, more_grads, more_metrics):
+    """The sums of two microbatches' gradients and metrics, each module's
+    on its own device: unplaced, every sum of every module would run on
+    the default device, one more queue for module 1's device to serve
+    M - 1 times a step."""
+    summed = []
+    for k, (ga, gb) in enumerate(zip(grads, more_grads)):
+      with self.placement.scope(k):
+        summed.append([_add(a, b) for a, b in zip(ga, gb)])
+    totals = {}
+    for key in metrics:
+      with self.placement.scope(_module_of(key)):
+        totals[key] = metrics[key] + more_metrics[key]
+    return summed, totals
 
   def _apply(self, k, grads):
     """Module k's optimizer applies `grads` (theta_k then phi_k).
