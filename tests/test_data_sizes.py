@@ -12,9 +12,13 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from tests.binaries import run_main
 from tests.idx_files import write_split
+
+# The binaries under attack: make test-slow (pytest.ini).
+pytestmark = pytest.mark.slow
 
 FLAGS = ["--preset=fashion_mnist_resnet", "--eval_batches=1", "--warmup_steps=0",
          "--batch_size=32", "--steps_per_loop=1", "--eval_every_steps=1000",

@@ -34,6 +34,9 @@ from train import config as config_lib
 from train import error_boundary
 from train import train_lib
 
+# The binaries under attack: make test-slow (pytest.ini).
+pytestmark = pytest.mark.slow
+
 PARALLEL = 4
 SYNTH = ["--preset=synthetic_mlp", "--steps_per_loop=5",
          "--checkpoint_every_steps=10", "--eval_every_steps=10"]

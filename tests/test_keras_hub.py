@@ -12,9 +12,8 @@ from tf_interlock import export as export_lib
 from tf_interlock import keras_split
 from tf_interlock.keras_model import InterlockModel
 
-# keras_hub's models take a minute or more each to split, train and export
-# on 2 cores: make test-slow (and CI) runs them.
-pytestmark = pytest.mark.slow
+# Tiny configurations (random weights, nothing downloaded): about 45 s in
+# all on 2 cores, in make test.
 
 VOCAB, LENGTH, BATCH = 32, 8, 4
 

@@ -81,6 +81,7 @@ def test_study_on_a_from_keras_model_writes_the_report(tmp_path):
   assert again["strategies"]["2wise"]["runs"] == rows["2wise"]["runs"]
 
 
+@pytest.mark.slow  # research.compare end to end, its own process
 def test_command_line_with_a_time_budget(tmp_path):
   out_dir = str(tmp_path / "study")
   # 1e-9 s: the first call (tracing) is not counted, the second spends it,

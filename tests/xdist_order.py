@@ -17,48 +17,53 @@ pytest's order.
 import os
 
 # Seconds of make test's tests per file: pytest's --durations (setup, call
-# and teardown) summed per file, from one quiet `make test` run here (Dec 3,
-# -n 2, 221 s in all). A session fixture (conftest's synthetic_run) counts
-# in the first file of a worker that uses it. A file not named here counts
-# DEFAULT_S. Rank again after a file gains or loses a binary run:
+# and teardown) summed per file, from one `make test` run here (Dec 5, -n 2,
+# 369 s, load 1-4; test_keras_hub and the trimmed test_recompute timed
+# alone). A session fixture (conftest's synthetic_run) counts in the first
+# file of a worker that uses it. A file not named here counts DEFAULT_S.
+# Rank again after a file gains or loses a binary run:
 # `pytest -n 2 --dist loadfile --durations=0 --durations-min=0.3`.
 COSTS_S = {
-    "test_keras_state.py": 60,  # estimated (Dec 4, loaded host)
-    "test_readme.py": 35,
-    "test_user_study.py": 29,
-    "test_checkpoint_safety.py": 28,
-    "test_xla.py": 26,
-    "test_keras_model.py": 24,
-    "test_module_functions.py": 20,
-    "test_step_loop.py": 18,
-    "test_keras_user_models.py": 18,
-    "test_benchmark.py": 14,
-    "test_keras_graphs.py": 14,  # estimated (Dec 4)
-    "test_memory_count.py": 12,  # estimated (Dec 4)
-    "test_keras_inputs.py": 12,  # estimated (Dec 4)
-    "test_fit_guards.py": 10,  # estimated (Dec 4)
-    "test_recompute.py": 8,  # estimated (Dec 4)
-    "test_trainer_distributed.py": 13,
-    "test_export.py": 13,
-    "test_train_binaries.py": 11,
-    "test_flag_validation.py": 11,
-    "test_keras_habits.py": 10,
-    "test_hostile_inputs.py": 10,
-    "test_build_file.py": 10,
-    "test_train_threading.py": 9,
-    "test_reliability.py": 9,
+    "test_readme.py": 40,
+    "test_xla.py": 39,
+    "test_keras_model.py": 36,
+    "test_keras_hub.py": 35,
+    "test_checkpoint_safety.py": 32,
+    "test_keras_state.py": 31,
+    "test_module_functions.py": 27,
+    "test_step_loop.py": 26,
+    "test_keras_user_models.py": 25,
+    "test_benchmark.py": 23,
+    "test_train_binaries.py": 18,
+    "test_build_file.py": 16,
+    "test_trainer_distributed.py": 16,
+    "test_export.py": 16,
+    "test_user_study.py": 15,
+    "test_evaluation.py": 15,
+    "test_keras_habits.py": 15,
+    "test_flag_validation.py": 15,
+    "test_recompute.py": 12,
+    "test_device_pools.py": 11,
+    "test_callbacks.py": 10,
+    "test_train_threading.py": 10,
+    "test_keras_graphs.py": 9,
+    "test_install.py": 8,
+    "test_collapse_probe.py": 7,
+    "test_memory_count.py": 7,
+    "test_keras_inputs.py": 7,
+    "test_microbatch_embedding.py": 7,
+    "test_data_text.py": 7,
+    "test_first_lines.py": 6,
     "test_engine_equivalence.py": 6,
-    "test_collapse_probe.py": 6,
-    "test_callbacks.py": 6,
+    "test_flag_help.py": 6,
+    "test_resnet.py": 6,
+    "test_ram_filesystem.py": 6,
+    "test_benchmark_spec.py": 5,
+    "test_plot_frontier.py": 5,
+    "test_custom_placement.py": 5,
     "test_trainer_checks.py": 5,
-    "test_resnet.py": 5,
-    "test_ram_filesystem.py": 5,
-    "test_microbatch_embedding.py": 5,
+    "test_tf_private.py": 5,
     "test_mixed_float16.py": 4,
-    "test_flag_help.py": 4,
-    "test_evaluation.py": 4,
-    "test_data_text.py": 4,
-    "test_custom_placement.py": 4,
 }
 DEFAULT_S = 2
 
