@@ -110,3 +110,32 @@ def test_two_outputs_are_one_line():
                            keras.layers.Dense(3)(x_in)])
   with pytest.raises(ValueError, match="one output .*Received: 2 outputs"):
     keras_split.from_keras(two, 2)
+
+
+@pytest.mark.parametrize("how", ["microbatches", "replicas"])
+def test_a_nest_boundary_splits_into_microbatches_and_replicas(how, mirrored):
+  # Every leaf of the nest (features and the mask that rides along) is cut
+  # the same way: 2 microbatches, or 2 replicas of a MirroredStrategy, train
+  # the weights one whole batch does (the loss is averaged over the global
+  # batch, so the parts' gradients sum to the batch's).
+  x, y = data(seed=4)
+
+  def trained(**options):
+    model = InterlockModel(keras_split.from_keras(masked_mlp(), 3),
+                           strategy="2wise", **options)
+    model.compile(keras.optimizers.SGD(0.5))
+    model.fit(x, y, batch_size=2 * BATCH, epochs=1, shuffle=False,
+              verbose=0)
+    return [w.numpy() for w in model.weights]
+
+  whole = trained()
+  parts = trained(**({"num_microbatches": 2} if how == "microbatches" else
+                     {"distribute": mirrored}))
+  first_kernel = masked_mlp().weights[0].numpy()
+  assert len(whole) == len(parts)
+  for a, b in zip(whole, parts):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  # The steps moved module 1's first kernel (not a comparison of untouched
+  # weights).
+  assert whole[0].shape == first_kernel.shape
+  assert not np.allclose(whole[0], first_kernel)

@@ -115,11 +115,18 @@ def judge(case, rc, work, acted_at, seconds, held):
   elif case.expect == "either":
     verdict = "held" if rc == 0 and not errors else one
   elif case.expect == "api":
-    good = errors and errors[0].startswith(("error: ValueError",
-                                            "error: TypeError"))
+    first_error = errors[0] if errors else ""
+    # A refusal names the value ("Received: ..."); a run stopped on bad
+    # data names the module (NonFiniteError) or TF's kernel names the label.
+    good = (first_error.startswith(("error: ValueError", "error: TypeError"))
+            and "Received" in stderr) or (
+                first_error.startswith("error: NonFiniteError") and
+                " in module_" in first_error) or (
+                    first_error.startswith("error: InvalidArgumentError: "
+                                           "Received a label value"))
     verdict = ("held" if rc == 0 else "FAILED") if case.api_ok else (
-        "held" if rc == 1 and good and "Received" in stderr and
-        len(errors) == 1 else ("SILENT" if rc == 0 else "UNCLEAR"))
+        "held" if rc == 1 and good and len(errors) == 1 else
+        ("SILENT" if rc == 0 else "UNCLEAR"))
   elif case.expect == "refuse":
     verdict = one if rc == 1 else ("SILENT" if rc == 0 else one)
   elif case.expect == "killed":

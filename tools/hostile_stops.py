@@ -265,6 +265,34 @@ API = [  # (name, body, whether it must succeed)
      False),
     ("evaluate y of another length",
      "m = compiled(); m.evaluate(X, Y[:10], verbose=0)", False),
+    # Issue 35: no bad input trains in silence, and its first line says so.
+    ("fit with NaN in x",
+     "X[5, 2] = np.nan; compiled().fit(X, Y, verbose=0)", False),
+    ("fit with a NaN sample_weight",
+     "w = np.ones(64); w[3] = np.nan\n"
+     "  compiled().fit(X, Y, sample_weight=w, verbose=0)", False),
+    ("fit labels 3 of 3 classes, jit_compile",
+     "m = compiled(); m.compile(optimizer='sgd', loss=keras.losses."
+     "SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)\n"
+     "  Y[7] = 3; m.fit(X, Y, verbose=0)", False),
+    ("fit label -1", "Y[0] = -1; compiled().fit(X, Y, verbose=0)", False),
+    ("fit float labels 0.5",
+     "compiled().fit(X, Y + 0.5, verbose=0)", False),
+    ("fit a dataset with labels out of range",
+     "import tensorflow as tf\n"
+     "  d = tf.data.Dataset.from_tensor_slices((X, Y + 5)).batch(\n"
+     "      16, drop_remainder=True)\n  compiled().fit(d, verbose=0)", False),
+    ("fit a Python generator",
+     "compiled().fit(((X[:16], Y[:16]) for _ in range(3)), verbose=0)",
+     False),
+    ("train_on_batch of no examples",
+     "compiled().train_on_batch(X[:0], Y[:0])", False),
+    ("predict x of the wrong width",
+     "m = compiled(); m.fit(X, Y, verbose=0); m.predict(X[:, :5], verbose=0)",
+     False),
+    ("InterlockModel with one module twice",
+     "p = ti.from_keras(mlp(), num_modules=2)\n"
+     "  ti.InterlockModel([p[0], p[1], p[0]])", False),
 ]
 
 
