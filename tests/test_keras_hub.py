@@ -2,6 +2,10 @@
 is downloaded): dict inputs, a padding mask that every block reads, per-token
 sample weights that mask padding."""
 
+import os
+import subprocess
+import sys
+
 import keras
 import keras_hub
 import numpy as np
@@ -85,9 +89,26 @@ def test_gpt2_trains_2wise_exports_every_exit_and_reloads(tmp_path):
     np.testing.assert_allclose(served.signatures[name](**feed)["logits"],
                                want, atol=1e-4)
   model.save(tmp_path / "lm.keras")
-  again = keras.models.load_model(tmp_path / "lm.keras")
-  np.testing.assert_array_equal(again.predict(x, verbose=0),
+  # Loaded in a fresh process, as a user's serving job would.
+  np.savez(tmp_path / "x.npz", **x)
+  subprocess.run([sys.executable, "-c", _RELOAD, str(tmp_path)], check=True,
+                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                 capture_output=True, timeout=300)
+  np.testing.assert_array_equal(np.load(tmp_path / "predicted.npy"),
                                 model.predict(x, verbose=0))
+
+
+# Loads lm.keras from the folder argv[1] and writes its predictions. The
+# model was saved with placement="simulated": its 4 devices come first
+# (docs/keras.md).
+_RELOAD = r"""
+import sys, numpy as np, keras, keras_hub, tf_interlock
+tf_interlock.placement.configure_simulated_devices(4)
+folder = sys.argv[1]
+x = dict(np.load(folder + "/x.npz"))
+model = keras.models.load_model(folder + "/lm.keras")
+np.save(folder + "/predicted.npy", model.predict(x, verbose=0))
+"""
 
 
 def test_padded_positions_count_in_no_loss():
