@@ -78,6 +78,11 @@ class _Child:
   facts = {}
   notes_fd = None
   signals_fd = None
+  # This process's own copy of the signal pipe's read end: with it open a
+  # dead watchdog never breaks the pipe, so Python's signal wakeup write
+  # never fails (it would print "Exception ignored ... BrokenPipeError"
+  # with a traceback); a full pipe is dropped silently.
+  signals_read_fd = None
 
 
 def start(interrupted):
@@ -110,15 +115,15 @@ def _spawn():
        str(grace_s()), str(signals_r), str(notes_r)],
       pass_fds=(signals_r, notes_r), stdin=subprocess.DEVNULL,
       close_fds=True)
-  os.close(signals_r)
   os.close(notes_r)
-  for fd in (signals_w, notes_w):
+  for fd in (signals_r, signals_w, notes_w):
     os.set_inheritable(fd, False)
   signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
-  for fd in (_Child.signals_fd, _Child.notes_fd):
+  for fd in (_Child.signals_fd, _Child.notes_fd, _Child.signals_read_fd):
     if fd is not None:
       os.close(fd)
   _Child.proc, _Child.signals_fd, _Child.notes_fd = proc, signals_w, notes_w
+  _Child.signals_read_fd = signals_r
   if _Child.facts:  # a replacement: told what the last one knew
     _send(_Child.facts)
 
