@@ -46,6 +46,7 @@ def test_epochs_bound_profile_steps_too(tmp_path, capfd):
 @pytest.mark.parametrize("first, last, start, expected", [
     (7, 12, 0, [("start", 5), ("stop", 15)]),  # widened to loops 2..3
     (1, 5, 0, [("start", 0), ("stop", 5)]),  # the first loop
+    (10, 11, 0, [("start", 5), ("stop", 15)]),  # a loop's last, next's first
     (16, 20, 0, [("start", 15), ("stop", 20)]),  # the last loop
     (7, 12, 10, [("start", 10), ("stop", 15)]),  # resumed inside the range
     (3, 8, 10, [])])  # resumed past it: no trace
