@@ -6,12 +6,12 @@ r"""Every device's timeline: one row per device, its ops as bars over time.
       --png=docs/results/timeline/2wise_k4.png
 
 Reads the newest profiler trace of a train.train run (--model_dir, written
-by --profile_steps) or of any TensorBoard log folder (--tensorboard_dir, e.g. the
-"train" folder of `keras.callbacks.TensorBoard(profile_batch=...)`), puts
-each op on the device whose executor ran it (research/trace_reader.py) and
-draws one PNG: ops coloured forward, backward, update or transfer (a
-transfer's bar includes its wait for the tensor). Prints each device's busy fraction
-and how much of the time two or more devices were busy, as JSON.
+by --profile_steps) or of any TensorBoard log folder (--tensorboard_dir,
+e.g. the "train" folder of `keras.callbacks.TensorBoard(profile_batch=...)`),
+puts each op on the device whose executor ran it (research/trace_reader.py)
+and draws one PNG: ops coloured forward, backward, update or transfer (a
+transfer's bar includes its wait for the tensor). Prints each device's busy
+fraction and how much of the time two or more devices were busy, as JSON.
 """
 
 # First: checks the environment and quiets TF before TensorFlow loads.

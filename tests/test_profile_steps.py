@@ -21,7 +21,8 @@ SYNTH = ["--preset=synthetic_mlp", "--train_steps=10", "--steps_per_loop=5"]
     ("6,3", "1 <= FIRST <= LAST"), ("-1,3", "1 <= FIRST <= LAST"),
     ("0,3", "1 <= FIRST <= LAST"), ("5", "two steps FIRST,LAST"),
     ("1,2,3", "two steps FIRST,LAST"), ("a,b", "list of whole numbers"),
-    ("1.5,3", "list of whole numbers"), ("3,11", "at most 10, the run's last step")])
+    ("1.5,3", "list of whole numbers"),
+    ("3,11", "at most 10, the run's last step")])
 def test_bad_profile_steps_fail_in_one_line_and_write_nothing(
     tmp_path, capfd, value, words):
   model_dir = tmp_path / "run"
