@@ -3,8 +3,9 @@
 Each class does one thing after every loop (`after_loop(loop)`) and, for
 some, once at the end (`finish(step)`): count the step, print progress,
 write TensorBoard scalars, checkpoint, evaluate, stop on a time budget, save
-and stop on SIGTERM/SIGINT, renew the run lock. `NanPolicy` is the
-controller's guard: it sees a loop's metrics before the step advances.
+and stop on SIGTERM/SIGINT, renew the run lock, record a profiler trace.
+`NanPolicy` is the controller's guard: it sees a loop's metrics before the
+step advances.
 """
 
 import math
@@ -233,6 +234,38 @@ class LockHeartbeat:
         self.last = loop.elapsed_s
     except run_lock.LockLost as e:
       raise TrainingError(str(e)) from None
+
+
+class ProfileSteps:
+  """Records a TensorBoard profiler trace of steps `first`..`last` in
+  `log_dir` (TensorBoard's Profile tab reads log_dir/plugins/profile).
+
+  The profiler starts before the loop holding step `first` and stops after
+  the loop holding step `last`, so the trace covers whole loops. A run that
+  resumes past `last` records nothing; one that stops early (time budget)
+  stops the profiler at its end.
+  """
+
+  def __init__(self, log_dir, first, last):
+    self.log_dir = log_dir
+    self.first, self.last = first, last
+    self.running = False
+
+  def before_loop(self, step, num_steps):
+    if not self.running and step < self.last and (
+        step + num_steps >= self.first):
+      tf.profiler.experimental.start(self.log_dir)
+      self.running = True
+
+  def after_loop(self, loop):
+    if self.running and loop.step >= self.last:
+      self.finish(loop.step)
+
+  def finish(self, step):
+    del step
+    if self.running:
+      self.running = False
+      tf.profiler.experimental.stop()
 
 
 def first_nonfinite(metrics):

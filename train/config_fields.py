@@ -211,6 +211,10 @@ class RunConfig:
   time_budget_s: Optional[float] = _field(
       None, "Stop after this many seconds (> 0) of training, checkpointing "
       "first; none: no time limit.")
+  profile_steps: Optional[Tuple[int, ...]] = _field(
+      None, "FIRST,LAST (1 <= FIRST <= LAST <= the run's steps): record a "
+      "TensorBoard profiler trace of these steps in model_dir/train/plugins/"
+      "profile, widened to whole loops of --steps_per_loop; none: no trace.")
   steps_per_loop: int = _field(
       10, f"Steps run in one traced tf.function call, 1 to "
       f"{MAX_GET_NEXT_CALLS} (TF's get_next limit; any >= 1 on a TPU).")

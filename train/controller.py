@@ -4,7 +4,8 @@
 (one `tf.function` call of `InterlockTrainer.train_loop`), then hands each
 loop's result to every action in order. An action is any object with
 `after_loop(loop)` and optionally `finish(step)`; a new feature of the loop
-is a new action, see train/actions.py.
+is a new action, see train/actions.py. An action may also have
+`before_loop(step, num_steps)`, called before each loop starts.
 
 An action can end training early by raising (a `TrainingError` with the
 reason) or ask for a clean stop, with the final actions still run, by
@@ -37,7 +38,8 @@ class Controller:
   Args:
     train_fn: `train_fn(num_steps) -> {metric: float}`.
     actions: objects with `after_loop(loop)` (and optionally
-      `finish(step)`), called in this order.
+      `before_loop(step, num_steps)` and `finish(step)`), called in this
+      order.
     start_step: the step to start from (the restored one).
     total_steps: the last step, or None to run until an action stops it.
     steps_per_loop: steps per `train_fn` call.
@@ -63,6 +65,9 @@ class Controller:
     while self.total_steps is None or self.step < self.total_steps:
       n = self.steps_per_loop if self.total_steps is None else min(
           self.steps_per_loop, self.total_steps - self.step)
+      for action in self.actions:
+        if hasattr(action, "before_loop"):
+          action.before_loop(self.step, n)
       loop_start = self.clock()
       metrics = self.train_fn(n)
       seconds = self.clock() - loop_start

@@ -58,8 +58,8 @@ def _parse(field, text):
       return tuple(item(part) for part in text.split(","))
     return base(text)
   except ValueError:
-    raise ValueError(f"--{field.name}={text!r} is not a valid "
-                     f"{getattr(base, '__name__', base)}: "
+    kind = "list" if typing.get_origin(base) is tuple else base.__name__
+    raise ValueError(f"--{field.name}={text!r} is not a valid {kind}: "
                      f"{_expected(field, base, optional)}. "
                      f"Received: {field.name}={text!r}") from None
 
@@ -72,7 +72,11 @@ _KINDS = {int: "a whole number in digits", float: "a number",
 def _expected(field, base, optional):
   """What a flag of `field` takes, e.g. "a whole number in digits, such as
   --num_modules=4", for the line that refuses a value."""
-  kind = _KINDS.get(base, "a comma-separated list")
+  kind = _KINDS.get(base)
+  if kind is None:  # Tuple[int, ...] or Tuple[float, ...]
+    item = typing.get_args(base)[0]
+    kind = "a comma-separated list of " + (
+        "whole numbers in digits" if item is int else "numbers")
   default = field.default
   example = ""
   if default is not None and default is not dataclasses.MISSING and not (

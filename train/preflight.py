@@ -21,7 +21,7 @@ def validate_for_run(config):
   data or the TPU's name: --tpu resolves, prepared image files are whole,
   the evaluation split holds at least one full batch, the training split
   too (text: a packed batch of batch_size x (seq_len + 1) tokens), and
-  --epochs gives at least one step.
+  --epochs gives at least one step, and --profile_steps lies in the run.
 
   Args:
     config: the `Config` of the run.
@@ -30,6 +30,7 @@ def validate_for_run(config):
     ValueError: one line naming the flag, its value and what is allowed.
   """
   config_lib.validate(config, distribution.num_replicas(config) or 1)
+  check_profile_steps(config, config.run.train_steps)
   # Counting a corpus's tokens runs TF ops, which start the runtime: the
   # process-wide settings come first (setup_runtime may run again later).
   runtime_setup.setup_runtime(config)
@@ -51,6 +52,25 @@ def validate_for_run(config):
                       f"the {split} split of {config.data.dataset} holds {size} "
                       f"{unit}, fewer than one batch of {config.run.batch_size}")
   steps = optimization.total_steps(config, train_size)
+  check_profile_steps(config, steps)
   if steps is not None and config.optim.warmup_steps >= steps:
     config_lib.fail("warmup_steps", config.optim.warmup_steps,
                     f"must be < the run's {steps} steps")
+
+
+def check_profile_steps(config, total_steps):
+  """Refuses a --profile_steps that is not FIRST,LAST with 1 <= FIRST <=
+  LAST <= total_steps (None: the run's length is not known yet)."""
+  steps = config.run.profile_steps
+  if steps is None:
+    return
+  text = ",".join(map(str, steps))
+  if len(steps) != 2:
+    config_lib.fail("profile_steps", text, "must be two steps FIRST,LAST")
+  first, last = steps
+  if first < 1 or last < first:
+    config_lib.fail("profile_steps", text,
+                    "must be FIRST,LAST with 1 <= FIRST <= LAST")
+  if total_steps is not None and last > total_steps:
+    config_lib.fail("profile_steps", text,
+                    f"LAST must be at most {total_steps}, the run's last step")

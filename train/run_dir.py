@@ -40,7 +40,7 @@ _CKPT = re.compile(r"^ckpt-(\d+)\.(index|data-(\d+)-of-(\d+))$")
 # What train.train writes below model_dir, at every depth (`foreign_entries`
 # refuses anything else): atomic writes' ".tmp-<8 hex>-<name>"
 # (paths.write_atomic), TF's "checkpoint.tmp<32 hex>", a save's ckpt-N_temp/,
-# TensorBoard's event files and an export's temporary siblings.
+# TensorBoard's event files and profiles and an export's temporary siblings.
 _WRITTEN_BELOW = {
     "": re.compile(r"^(\.tmp-[0-9a-f]{8}-)?(config\.json|run\.json|"
                    r"lock\.json|checkpoints|train|eval|export)$|"
@@ -49,7 +49,9 @@ _WRITTEN_BELOW = {
         r"^(\.tmp-[0-9a-f]{8}-checkpoint|checkpoint(\.unreadable|"
         r"\.tmp[0-9a-f]{32})?|ckpt-\d+\.(index|data-\d+-of-\d+)|"
         r"ckpt-\d+_temp(/.*)?)$"),
-    TRAIN_LOGS: re.compile(r"^events\.out\.tfevents\.[^/]+$"),
+    # --profile_steps: plugins/profile/<time>/<host>.xplane.pb
+    TRAIN_LOGS: re.compile(r"^events\.out\.tfevents\.[^/]+$|"
+                           r"^plugins(/profile(/[^/]+(/[^/]+)?)?)?$"),
     EVAL_LOGS: re.compile(r"^events\.out\.tfevents\.[^/]+$"),
 }
 

@@ -317,6 +317,10 @@ def train(config, built, run, latest, export_dir, lock, out=None,
   loop_actions = [
       actions_lib.LockHeartbeat(lock),  # first: nothing written if lost
       stop_watchdog.Watch(),  # a killed watchdog is named and replaced
+      # Before the checkpoints and evaluations: the trace holds steps only.
+      *([actions_lib.ProfileSteps(run.train_log_dir,
+                                  *config.run.profile_steps)]
+        if config.run.profile_steps else []),
       actions_lib.StepVariable(global_step),
       actions_lib.Progress(out, config.run.batch_size, progbar),
       actions_lib.Summaries(tf.summary.create_file_writer(run.train_log_dir),
