@@ -12,7 +12,8 @@ one (the skip connection would be a second one). Integer and boolean
 tensors (a padding mask, segment ids) may cross too: they ride along the
 boundary as a nest, without a cotangent (`layers.boundary`). Raw
 `keras.Operation`s stand where layers may (`keras_nodes`), and nested
-functional models are inlined first (`keras_flatten`).
+functional models are inlined first (`keras_flatten`). A layer called in two
+modules (tied weights) is a copy in each (`keras_ties`).
 
 The user's model is already built, so its weights live wherever they were
 created (usually CPU:0), and a later device scope does not move them. The
@@ -483,7 +484,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       looked into. Left unchanged.
     num_modules: K >= 1.
     split: optional explicit split: K layer counts (over `model.layers`
-      without the InputLayer), or K - 1 layer names to cut after.
+      without the InputLayer), or K - 1 layer names to cut after. A layer
+      called several times (tied weights) counts once per call; its later
+      calls are named `<name>_call2`, `<name>_call3`, ...
     balance: "flops" (dense/conv multiply-adds, see `layer_flops`),
       "params" (parameter counts), or "time" (each block's measured forward
       time on `sample`, one block at a time).
@@ -503,6 +506,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   Returns:
     K unbuilt `InterlockModule`s. Each holds a snapshot of the model's
     weights, copied into the new layers when the module is first built.
+    A layer called in several modules (tied weights, e.g. keras_hub's
+    CausalLM heads) is a copy in each, listed in `body.tied_layers`; the
+    trainer keeps the copies one weight (`tied_gradients`).
   """
   fit_arguments.check_from_keras(model, num_modules)
   _checked_graph(model)
