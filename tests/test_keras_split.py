@@ -114,7 +114,7 @@ def test_bad_arguments_raise_naming_them(kwargs, match):
     keras_split.from_keras(residual_model(), **kwargs)
 
 
-def test_models_without_a_graph_or_with_shared_layers_raise():
+def test_models_without_a_graph_raise():
 
   class Subclassed(keras.Model):
 
@@ -127,11 +127,6 @@ def test_models_without_a_graph_or_with_shared_layers_raise():
 
   with pytest.raises(ValueError, match="subclassed model has no graph"):
     keras_split.from_keras(Subclassed(), 2)
-  shared = keras.layers.Dense(4, name="shared")
-  inputs = keras.Input((4,))
-  model = keras.Model(inputs, shared(shared(inputs)))
-  with pytest.raises(ValueError, match="Layer 'shared' is called 2 times"):
-    keras_split.from_keras(model, 2)
   with pytest.raises(ValueError, match="authors' needs image features"):
     keras_split.from_keras(keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(2)]),

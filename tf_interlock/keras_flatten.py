@@ -22,12 +22,18 @@ reaches every inner layer (Keras passes the caller's `training` over a
 nested call's own `training=False`), so the inlined graph trains the same
 layers the nested one does. Frozen layers stay frozen: each inner layer's
 config carries its own `trainable`.
+
+A layer called more than once (tied weights: an input embedding reused as
+the output head) is made one layer per call here, each a copy holding the
+same weights, and `flatten` says which copies are one layer; `keras_split`
+merges the copies that land in one module again (`keras_ties`).
 """
 
 import keras
 
 from tf_interlock import keras_nodes
 from tf_interlock import keras_private
+from tf_interlock import keras_ties
 from tf_interlock import layer_state
 
 
@@ -38,11 +44,19 @@ def _nested_graph(operation):
   return keras_private.functional_graph(operation)
 
 
-def has_nested_models(model):
-  """Whether `model`'s graph holds a functional or Sequential model."""
+def _calls(graph, operation):
+  """How many times `graph` calls `operation`."""
+  return sum(keras_private.node_in_graph(graph, operation, i)
+             for i in range(len(keras_private.inbound_nodes(operation))))
+
+
+def needs_flattening(model):
+  """Whether `model`'s graph holds a functional or Sequential model, or a
+  layer called more than once (tied weights)."""
   graph = keras_private.functional_graph(model)
   return graph is not None and any(
-      _nested_graph(op) is not None for op in graph.operations)
+      _nested_graph(op) is not None or _calls(graph, op) > 1
+      for op in graph.operations)
 
 
 def _graph_config(graph):
@@ -57,18 +71,6 @@ def _graph_config(graph):
   if "layers" in config:
     return config
   return keras.Model(graph.input, graph.output, name=graph.name).get_config()
-
-
-def _map_histories(value, fn):
-  """A copy of a config with each keras_history h replaced by fn(h)."""
-  if isinstance(value, dict):
-    if value.get("class_name") == "__keras_tensor__":
-      history = fn(list(value["config"]["keras_history"]))
-      return dict(value, config=dict(value["config"], keras_history=history))
-    return {key: _map_histories(v, fn) for key, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_map_histories(v, fn) for v in value]
-  return value
 
 
 def tensor_refs(refs):
@@ -102,7 +104,7 @@ def _renamed(entries, rename):
   def history(h):
     return [rename.get(h[0], h[0])] + h[1:]
   out = []
-  for entry in _map_histories(entries, history):
+  for entry in keras_ties.map_histories(entries, history):
     new = rename.get(entry["name"], entry["name"])
     if new != entry["name"]:
       entry = dict(entry, name=new,
@@ -120,15 +122,21 @@ def _inline(graph, taken):
       get the nested model's name as a prefix. Updated in place.
 
   Returns:
-    The flat functional config and {name in it: the source layer or
-    operation}, for copying weights.
+    The flat functional config, each layer called once, and {name in it:
+    the source layer or operation}, for copying weights (a layer called
+    several times is the source of each of its copies).
   """
   config = _graph_config(graph)
   operations = {op.name: op for op in graph.operations}
   taken.update(entry["name"] for entry in config["layers"])
+  # A layer called again (a tie) gets a copy per further call, so that a
+  # cut may go between the calls (`keras_ties`).
+  config, copies = keras_ties.untie(
+      config, {name for name, op in operations.items()
+               if _nested_graph(op) is not None}, taken)
   entries, sources, redirect = [], {}, {}
   for entry in config["layers"]:
-    operation = operations[entry["name"]]
+    operation = operations[copies.get(entry["name"], entry["name"])]
     inner = _nested_graph(operation)
     if inner is None:
       entries.append(entry)
@@ -142,7 +150,8 @@ def _inline(graph, taken):
           f"once. Received: model={graph.name!r}")
     inner_config, inner_sources = _inline(inner, set())
     clash = {e["name"] for e in inner_config["layers"]} & taken
-    rename = {n: _unique(f"{operation.name}_{n}", taken) for n in clash}
+    rename = {n: keras_ties.unique_name(f"{operation.name}_{n}", taken)
+              for n in clash}
     taken.update(e["name"] for e in inner_config["layers"])
     inner_entries = _renamed(inner_config["layers"], rename)
     inputs = [[rename.get(r[0], r[0])] + r[1:]
@@ -164,8 +173,8 @@ def _inline(graph, taken):
           f"Received: model={graph.name!r}")
     feeds = {r[0]: f for r, f in zip(inputs, fed)}
     inner_entries = [e for e in inner_entries if e["name"] not in feeds]
-    entries += _map_histories(inner_entries,
-                              lambda h, m=feeds: m.get(h[0], h))
+    entries += keras_ties.map_histories(inner_entries,
+                                        lambda h, m=feeds: m.get(h[0], h))
     for i, out in enumerate(outputs):
       redirect[(operation.name, i)] = feeds.get(out[0], out)
     for name, source in inner_sources.items():
@@ -176,32 +185,17 @@ def _inline(graph, taken):
     while (h[0], h[2]) in redirect:
       h = list(redirect[(h[0], h[2])])
     return h
-  config = dict(config, layers=_map_histories(entries, follow))
-  config["output_layers"] = _map_histories_refs(config["output_layers"],
+  config = dict(config, layers=keras_ties.map_histories(entries, follow))
+  config["output_layers"] = keras_ties.map_refs(config["output_layers"],
                                                 follow)
   return config, sources
 
 
-def _map_histories_refs(refs, fn):
-  """A config's output layers with each [name, node, tensor] mapped."""
-  if isinstance(refs, dict):
-    return {key: fn(list(r)) for key, r in refs.items()}
-  if isinstance(refs[0], str):
-    return fn(list(refs))
-  return [fn(list(r)) for r in refs]
-
-
-def _unique(name, taken):
-  """`name`, or `name_2`, `name_3`, ... when it is taken."""
-  candidate, i = name, 1
-  while candidate in taken:
-    i += 1
-    candidate = f"{name}_{i}"
-  return candidate
-
-
 def flatten(model, custom_objects):
-  """`model`, or an equal functional model with its nested models inlined.
+  """`model`, or an equal functional model with each layer called once.
+
+  Nested models are inlined, and each further call of a layer becomes the
+  call of a copy (`keras_ties.untie`).
 
   Args:
     model: a built Sequential or functional `keras.Model`.
@@ -209,26 +203,16 @@ def flatten(model, custom_objects):
       (as `keras.models.clone_model` finds them, without registration).
 
   Returns:
-    `model` itself when its graph holds no functional or Sequential model;
+    (flat, ties): `model` itself and [] when `needs_flattening` is False;
     otherwise a new functional model, same inputs and outputs, whose layers
-    hold copies of the source weights.
+    hold copies of the source weights, and the names of its layers that
+    are one weighted layer of `model` (`keras_ties.groups`).
   """
-  if not has_nested_models(model):
-    return model
+  if not needs_flattening(model):
+    return model, []
   graph = keras_private.functional_graph(model)
   config, sources = _inline(graph, set())
-  seen = {}
-  for name, source in sources.items():
-    if id(source) in seen and keras_nodes.weights(source):
-      # A tie (keras_hub's CausalLM heads reuse the token embedding,
-      # reverse=True): two copies here would train apart, silently.
-      raise ValueError(
-          f"Layer {source.name!r} is called both inside a nested model and "
-          f"outside it (tied weights, e.g. an input embedding reused as the "
-          f"output head); from_keras cannot place one layer on two devices. "
-          f"Received: model={model.name!r}, calls named "
-          f"{[seen[id(source)], name]}")
-    seen[id(source)] = name
+  ties = keras_ties.groups(sources, lambda s: bool(keras_nodes.weights(s)))
   config = layer_state.with_vocabularies(
       config, [s for s in sources.values() if keras_nodes.is_layer(s)])
   flat = keras.Model.from_config(config, custom_objects=custom_objects)
@@ -238,4 +222,4 @@ def flatten(model, custom_objects):
     if (keras_nodes.is_layer(source) and
         not isinstance(source, keras.layers.InputLayer)):
       layer_state.restore(flat.get_layer(name), layer_state.snapshot(source))
-  return flat
+  return flat, ties

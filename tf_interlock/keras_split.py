@@ -12,7 +12,8 @@ one (the skip connection would be a second one). Integer and boolean
 tensors (a padding mask, segment ids) may cross too: they ride along the
 boundary as a nest, without a cotangent (`layers.boundary`). Raw
 `keras.Operation`s stand where layers may (`keras_nodes`), and nested
-functional models are inlined first (`keras_flatten`).
+functional models are inlined first (`keras_flatten`). A layer called in two
+modules (tied weights) is a copy in each (`keras_ties`).
 
 The user's model is already built, so its weights live wherever they were
 created (usually CPU:0), and a later device scope does not move them. The
@@ -36,6 +37,7 @@ from tf_interlock import keras_blocks
 from tf_interlock import keras_flatten
 from tf_interlock import keras_nodes
 from tf_interlock import keras_private
+from tf_interlock import keras_ties
 from tf_interlock import layer_state
 from layers import partition
 
@@ -53,17 +55,22 @@ class KerasSegment(keras.layers.Layer):
       `layer_state.snapshot`}, put into the new layers right after the
       build (weights, adapted preprocessing state, `trainable` at every
       depth).
+    custom_objects: {class name: class} of the source model's own layers.
+    tied_layers: {layer name in this piece: tie key} of the layers whose
+      weights are one weight with a layer of another piece (the same key
+      there): the trainer sums their gradients (`tied_gradients`).
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
   """
 
   def __init__(self, model_config, initial_weights=None, custom_objects=None,
-               **kwargs):
+               tied_layers=None, **kwargs):
     super().__init__(**kwargs)
     # Kept as text: Keras wraps a dict attribute in a tracking container
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
+    self._tied_json = json.dumps(tied_layers or {})
     self._initial_weights = initial_weights
     # The source model's own layer classes, by class name: a user's layer
     # is rebuilt from its class, as keras.models.clone_model does, without
@@ -96,6 +103,11 @@ class KerasSegment(keras.layers.Layer):
     return json.loads(self._model_json)
 
   @property
+  def tied_layers(self):
+    """{layer name: tie key} of this piece's tied layers (see Args)."""
+    return json.loads(self._tied_json)
+
+  @property
   def layer_names(self):
     """The source model's layers this piece holds, in depth order."""
     return [c["name"] for c in self.model_config["layers"]
@@ -120,6 +132,8 @@ class KerasSegment(keras.layers.Layer):
   def get_config(self):
     config = super().get_config()
     config["model_config"] = self.model_config
+    if self.tied_layers:
+      config["tied_layers"] = self.tied_layers
     return config
 
 
@@ -138,14 +152,9 @@ def _layer_classes(model):
   return classes
 
 
-def _graph(model):
-  """The functional graph of a Sequential or functional model, checked.
-
-  Returns:
-    (graph, layers, nodes): the `Functional` holding the layer graph, its
-    layers without InputLayers in topological order, and each layer's one
-    node in this graph.
-  """
+def _checked_graph(model):
+  """The `Functional` holding a Sequential or functional model's graph,
+  checked: a model with one output."""
   if not isinstance(model, keras.Model):
     raise TypeError(f"from_keras needs a keras.Sequential or a functional "
                     f"keras.Model. Received: model={model!r}")
@@ -160,18 +169,26 @@ def _graph(model):
         f"from_keras splits models with one output (the last module's "
         f"logits). Received: {len(graph.outputs)} outputs in "
         f"model={model.name!r}")
+  return graph
+
+
+def _graph(model):
+  """The functional graph of a model whose layers are each called once
+  (`keras_flatten.flatten` makes it so).
+
+  Returns:
+    (graph, layers, nodes): the `Functional` holding the layer graph, its
+    layers without InputLayers in topological order, and each layer's one
+    node in this graph.
+  """
+  graph = _checked_graph(model)
   layers, nodes = [], []
   for layer in graph.operations:
     if isinstance(layer, keras.layers.InputLayer):
       continue
-    # Only this graph's nodes count: the same layer may also sit in others.
+    # Only this graph's node counts: the same layer may also sit in others.
     own = [node for i, node in enumerate(keras_private.inbound_nodes(layer))
            if keras_private.node_in_graph(graph, layer, i)]
-    if len(own) != 1:
-      raise ValueError(
-          f"Layer {layer.name!r} is called {len(own)} times in the model "
-          f"(shared weights); from_keras cannot place one layer on two "
-          f"devices. Received: model={model.name!r}")
     layers.append(layer)
     nodes.append(own[0])
   return graph, layers, nodes
@@ -429,7 +446,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       looked into. Left unchanged.
     num_modules: K >= 1.
     split: optional explicit split: K layer counts (over `model.layers`
-      without the InputLayer), or K - 1 layer names to cut after.
+      without the InputLayer), or K - 1 layer names to cut after. A layer
+      called several times (tied weights) counts once per call; its later
+      calls are named `<name>_call2`, `<name>_call3`, ...
     balance: "flops" (dense/conv multiply-adds, see `layer_flops`),
       "params" (parameter counts), or "time" (each block's measured forward
       time on `sample`, one block at a time).
@@ -450,15 +469,19 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   Returns:
     K unbuilt `InterlockModule`s. Each holds a snapshot of the model's
     weights, copied into the new layers when the module is first built.
+    A layer called in several modules (tied weights, e.g. keras_hub's
+    CausalLM heads) is a copy in each, listed in `body.tied_layers`; the
+    trainer keeps the copies one weight (`tied_gradients`).
   """
   fit_arguments.check_from_keras(model, num_modules)
-  graph, layers, nodes = _graph(model)
+  _checked_graph(model)
   name = name or model.name
-  if keras_flatten.has_nested_models(model):
-    # Nested functional and Sequential models are inlined, so that cuts may
-    # go inside them (the transfer-learning idiom: keras_flatten).
-    model = keras_flatten.flatten(model, _layer_classes(model))
-    graph, layers, nodes = _graph(model)
+  # Nested functional and Sequential models are inlined, so that cuts may
+  # go inside them (the transfer-learning idiom), and a layer called twice
+  # (tied weights) becomes a copy per call, recorded in `ties`
+  # (keras_flatten).
+  model, ties = keras_flatten.flatten(model, _layer_classes(model))
+  graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
                      f"Received: balance={balance!r}")
@@ -514,7 +537,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     counts = partition.balanced_split(costs, num_modules)
     cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
   return _build_modules(graph, config, layers, crossing, cuts, aux_head,
-                        num_classes, name)
+                        num_classes, name, ties)
 
 
 def _is_float(tensor):
@@ -534,10 +557,18 @@ def _boundary(crossing, c):
 
 
 def _build_modules(graph, config, layers, crossing, cuts, aux_head,
-                   num_classes, name):
-  """One InterlockModule per run of layers between cuts."""
+                   num_classes, name, ties):
+  """One InterlockModule per run of layers between cuts.
+
+  `ties` (`keras_flatten.flatten`) name the copies of each layer called
+  more than once: the copies in one module become one layer again, and
+  each module holding a copy of a tie that spans modules records it
+  (`KerasSegment.tied_layers`) for the trainer.
+  """
   bounds = list(zip([0] + [c + 1 for c in cuts], [c + 1 for c in cuts] +
                     [len(layers)]))
+  merges, tied = keras_ties.in_pieces(
+      ties, [[layer.name for layer in layers[a:b]] for a, b in bounds])
   if num_classes is None:
     num_classes = graph.outputs[0].shape[-1]
   activation = getattr(layers[-1], "activation", None)
@@ -549,14 +580,19 @@ def _build_modules(graph, config, layers, crossing, cuts, aux_head,
                             _boundary(crossing, start - 1),
                             _boundary(crossing, stop - 1),
                             f"{name}_piece{k}")
+    merged = set()
+    for names in merges[k - 1]:
+      piece = keras_ties.merge(piece, names)
+      merged.update(names[1:])
     # Raw keras.Operation nodes hold no state; every Layer brings its whole
     # state (load hooks, lookup tables, trainable at every depth).
     stateful = [layer for layer in layers[start:stop]
-                if isinstance(layer, keras.layers.Layer)]
+                if isinstance(layer, keras.layers.Layer) and
+                layer.name not in merged]
     piece = layer_state.with_vocabularies(piece, stateful)
     weights = {layer.name: layer_state.snapshot(layer) for layer in stateful}
     body = KerasSegment(piece, weights, _layer_classes(graph),
-                        name=f"{name}_segment{k}")
+                        tied_layers=tied[k - 1], name=f"{name}_segment{k}")
     head = None
     if k < len(bounds) and aux_head is not None:
       shape = tuple(_boundary(crossing, stop - 1)[0].shape)

@@ -25,6 +25,11 @@ across replicas before it updates that module.
 optimizer slots, step counter, learning rate, loss scale) must sit on module
 k's device, or it raises naming the variable.
 
+A layer called in two modules (tied weights, e.g. an embedding reused as
+the output head) is a copy in each; before the updates, each copy's
+gradient is replaced by the sum over the copies (`tied_gradients`), so
+every copy takes the same step.
+
 Under `mixed_float16` every module's optimizer is a
 `keras.optimizers.LossScaleOptimizer` (plain optimizers are wrapped, as
 `keras.Model.compile` does): module k scales its losses by its own dynamic
@@ -53,6 +58,7 @@ from tf_interlock import placement as placement_lib
 from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
 from tf_interlock import tf_private
+from tf_interlock import tied_gradients
 
 _OPTIMIZERS_ALLOWED = ("one keras.optimizers.Optimizer (cloned for every "
                        "module), an optimizer name such as 'adam', a list "
@@ -177,6 +183,9 @@ class InterlockTrainer:
         memory_lean=memory_lean)
     self._loop_fns = {}
     self._built = False
+    # The ties between modules (a layer called in two of them), found by
+    # `build` once the variables exist; None when there are none.
+    self._tied = None
     # How a call runs its steps: "auto", "unrolled" or "while" (read when
     # a loop function is made, see `step_loop.resolve_loop`).
     self.loop = "auto"
@@ -277,6 +286,10 @@ class InterlockTrainer:
           " An optimizer's step counter is created with the optimizer: pass "
           "a callable k -> optimizer, one optimizer to clone, or a name, "
           "and the trainer creates it in the module's scope.")
+    tied = tied_gradients.TiedGradients(
+        self.modules, [self.variables(k) for k in range(self.num_modules)],
+        self.optimizers, self.float16)
+    self._tied = tied if tied.groups else None
     self._built = True
 
   def checkpoint(self, **extra):
@@ -335,6 +348,10 @@ class InterlockTrainer:
         grads, metrics = g, mets
       else:
         grads, metrics = self._accumulate(grads, metrics, g, mets)
+    if self._tied is not None:
+      # Each copy of a tied weight applies the sum of every copy's
+      # gradient (`tied_gradients`); the norms below include it.
+      grads = self._tied.sum(grads, self.placement.scope)
     for k, opt in enumerate(self.optimizers):
       with self.placement.scope(k):
         scale = None if scales is None else scales[k]
