@@ -44,6 +44,7 @@ import functools
 
 import tensorflow as tf
 
+from tf_interlock import execution_options
 from tf_interlock import tf_private
 
 # Which placements trace each module's body and update once is the
@@ -65,8 +66,9 @@ JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 # builds the function's forward-with-intermediates and backward functions,
 # and the runtime instantiates the calls. The functions pay from about 4
 # calls per trace (measured: docs/results/tracing/report.md). A loop with
-# fewer calls per module runs op by op.
-MIN_CALLS = 4
+# fewer calls per module runs op by op. The default of
+# `ExecutionOptions.min_traced_calls`.
+MIN_CALLS = execution_options.ExecutionOptions.min_traced_calls
 
 
 class PerModuleFunction:
@@ -120,6 +122,7 @@ class ModuleFunctions:
     modules: the K `InterlockModule`s, in depth order.
     placement: the `placement.Placement`; the work is traced only where
       its `traced` is true.
+    min_calls: a loop that calls each function fewer times runs op by op.
 
   Attributes:
     traced: whether the functions may be traced at all (False: always op
@@ -132,11 +135,12 @@ class ModuleFunctions:
     functions: every `PerModuleFunction`, by key.
   """
 
-  def __init__(self, modules, placement):
+  def __init__(self, modules, placement, min_calls=MIN_CALLS):
     self.modules = list(modules)
     self.traced = placement.traced
     self.jit_compile = False
-    self.calls = MIN_CALLS
+    self.min_calls = min_calls
+    self.calls = min_calls
     self.traces = collections.Counter()
     self.functions = {}
     for k, module in enumerate(self.modules):
@@ -145,7 +149,7 @@ class ModuleFunctions:
   @property
   def use(self):
     """Whether calls now go through the traced functions."""
-    return self.jit_compile or (self.traced and self.calls >= MIN_CALLS)
+    return self.jit_compile or (self.traced and self.calls >= self.min_calls)
 
   def compile_each(self):
     """Makes every function one XLA program, called on every call.
@@ -160,7 +164,7 @@ class ModuleFunctions:
 
   def tracing_loop(self, calls):
     """Sets how often the loop being traced calls each function: below
-    `MIN_CALLS`, it runs op by op (cheaper to trace)."""
+    `min_calls`, it runs op by op (cheaper to trace)."""
     self.calls = calls
 
   def add(self, fn, key):

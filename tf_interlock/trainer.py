@@ -11,7 +11,9 @@ README's benchmark table measures it). Where the window covers every module
 there is no such slack, and `loop="auto"` traces one step and loops it
 instead (`step_loop`), which cuts the first call's tracing and graph
 optimisation to one step's; `graph_optimization` gives the training call a
-lighter graph optimisation on CPU (`tf_private`). Nothing in the step may
+lighter graph optimisation on CPU (`tf_private`). Both, the per-module
+functions' cut-off and `fit`'s data autotuning are `ExecutionOptions`, fixed
+when the trainer is made. Nothing in the step may
 serialize the graph: no shared metric variables, no host callbacks, no
 variable shared by two modules (loss scales are per module, see `engine`);
 metrics are returned tensors.
@@ -45,6 +47,7 @@ import keras
 import tensorflow as tf
 
 from tf_interlock import engine
+from tf_interlock import execution_options
 from tf_interlock import exits as exits_lib
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
@@ -130,6 +133,8 @@ class InterlockTrainer:
     memory_lean: one module's activations alive at a time: module k + 1's
       forward waits for module k's backward, and each microbatch and step
       for the one before (`engine.InterlockStep`; local learning only).
+    options: an `ExecutionOptions` (how a call runs its steps); None: the
+      defaults. Read back as `trainer.options`.
   """
 
   def __init__(self, modules, optimizers, strategy="e2e", *, variant=None,
@@ -137,7 +142,8 @@ class InterlockTrainer:
                metric_fn=losses_lib.sparse_accuracy, distribute=None,
                placement=None, steps_per_loop=1, num_microbatches=1,
                replicas=None, jit_compile="auto", recompute=False,
-               memory_lean=False):
+               memory_lean=False, options=None):
+    self.options = execution_options.resolve(options)
     self.modules = list(modules)
     self.replicas = replicas
     if not self.modules:
@@ -166,18 +172,10 @@ class InterlockTrainer:
     self.step = engine.InterlockStep(
         self.modules, self.plan, losses_lib.per_example_loss(loss_fn),
         metric_fn, self.placement, recompute=recompute,
-        memory_lean=memory_lean)
+        memory_lean=memory_lean,
+        min_traced_calls=self.options.min_traced_calls)
     self._loop_fns = {}
     self._built = False
-    # How a call runs its steps: "auto", "unrolled" or "while" (read when
-    # a loop function is made, see `step_loop.resolve_loop`).
-    self.loop = "auto"
-    # The training call's graph optimisation: "auto", "default" or "light"
-    # (`tf_private.light_graph_optimization`); "auto" is light where every
-    # module runs on a CPU of this process (the passes it drops left the
-    # graph unchanged there; on a GPU the layout and memory passes may
-    # matter).
-    self.graph_optimization = "auto"
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._updates = [self.step.functions.add(
@@ -393,7 +391,7 @@ class InterlockTrainer:
       step = tf.function(step, autograph=False, jit_compile=True)
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
-    if step_loop.resolve_loop(self.loop, self.strategy, self.num_modules,
+    if step_loop.resolve_loop(self.options.loop, self.strategy, self.num_modules,
                               self.placement.one_process, replicas) == "while":
       # One step traced, looped (`step_loop`).
       return step_loop.make_while_loop(
@@ -460,8 +458,9 @@ class InterlockTrainer:
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
     try:
-      if self.graph_optimization == "light" or (
-          self.graph_optimization == "auto"
+      optimization = self.options.graph_optimization
+      if optimization == "light" or (
+          optimization == "auto"
           and self.placement.one_process
           and not self.placement.on_accelerator()):
         with tf_private.light_graph_optimization():
