@@ -45,6 +45,7 @@ import functools
 import tensorflow as tf
 
 from tf_interlock import execution_options
+from tf_interlock import placement as placement_lib
 from tf_interlock import tf_private
 
 # Which placements trace each module's body and update once is the
@@ -212,8 +213,8 @@ def resolve_jit_compile(jit_compile, placement, distribute):
   if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
     raise ValueError(f"jit_compile must be {JIT_COMPILE_ALLOWED}. "
                      f"Received: jit_compile={jit_compile!r}")
-  if placement.always_xla or isinstance(distribute,
-                                        tf.distribute.TPUStrategy):
+  if placement.always_xla or placement_lib.TpuPlacement.compiles_step(
+      distribute):
     if jit_compile is False:
       raise ValueError(
           "A TPU runs only XLA programs: TPUStrategy.run compiles the "

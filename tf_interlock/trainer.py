@@ -191,8 +191,7 @@ class InterlockTrainer:
     if self.jit_compile and self.placement.depthwise:
       self.step.functions.compile_each()
     elif self.jit_compile and self.placement.compiles_replica_step and not (
-        isinstance(self.distribute, tf.distribute.TPUStrategy)):
-      # (A TPUStrategy compiles its replica step itself.)
+        placement_lib.TpuPlacement.compiles_step(self.distribute)):
       self._compile_step = True
       self.step.functions.traced = False
 

@@ -45,6 +45,14 @@ class TpuPlacement(base.Placement):
           f"Received: cores_per_replica={cores}")
     return cls(devices=None, distribute=distribute)
 
+  @staticmethod
+  def compiles_step(distribute):
+    """Whether `distribute` compiles every replica step itself, under any
+    placement: a TPUStrategy, whose `run` makes each step one XLA program
+    (jit_compile=False cannot hold there, and no step of ours is compiled
+    again inside it)."""
+    return isinstance(distribute, tf.distribute.TPUStrategy)
+
   @classmethod
   def strategy(cls, num_modules, resolver=None):
     """A TPUStrategy of K cores per replica on the TPU `resolver` names.
