@@ -31,10 +31,10 @@ returned: tensors a layer keeps in `losses` belong to the function's own
 graph and cannot be read outside it.
 
 XLA (`jit_compile`, see `resolve_jit_compile` and docs/xla.md). A placement
-that puts modules on several devices (`Placement.depthwise`) compiles each of
-these functions with XLA, on its module's device, and calls them whatever
-the number of calls: one XLA program per module and kind of work (body,
-update, gradient norm), so the modules still overlap. The body's VJPs come
+that puts modules on several devices (`Placement.xla_unit == "module"`)
+compiles each of these functions with XLA, on its module's device, and calls
+them whatever the number of calls: one XLA program per module and kind of
+work (body, update, gradient norm), so the modules still overlap. The body's VJPs come
 from the gradient of a compiled function, which TF compiles too. The glue
 between modules (routing, aux heads, losses) stays in the TF graph.
 """
@@ -54,11 +54,11 @@ from tf_interlock import tf_private
 # remote devices keep the op-by-op path they were written and checked with.
 #
 # Which compile each per-module function as one XLA program under
-# `jit_compile` is its `depthwise`: one function may touch only its module's
-# variables, on its module's device (XLA refuses a resource on another
-# device). "single" compiles the whole replica step instead
-# (`compiles_replica_step`), "tpu" is compiled by `TPUStrategy.run` itself
-# (`always_xla`).
+# `jit_compile` is its `xla_unit` "module": one function may touch only its
+# module's variables, on its module's device (XLA refuses a resource on
+# another device). "single" compiles the whole replica step instead
+# ("replica_step"), "tpu" is compiled by `TPUStrategy.run` itself
+# ("strategy").
 
 JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 
@@ -202,8 +202,8 @@ def resolve_jit_compile(jit_compile, placement, distribute):
 
   Returns:
     The resolved bool: always True for a placement that runs only XLA
-    (`always_xla`: "tpu", whose `TPUStrategy.run` compiles every replica
-    step).
+    (`xla_unit == "strategy"`: "tpu", whose `TPUStrategy.run` compiles
+    every replica step).
 
   Raises:
     ValueError: an unknown value, jit_compile=False with placement "tpu", or
@@ -213,8 +213,8 @@ def resolve_jit_compile(jit_compile, placement, distribute):
   if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
     raise ValueError(f"jit_compile must be {JIT_COMPILE_ALLOWED}. "
                      f"Received: jit_compile={jit_compile!r}")
-  if placement.always_xla or placement_lib.TpuPlacement.compiles_step(
-      distribute):
+  if (placement.xla_unit == "strategy"
+      or placement_lib.TpuPlacement.compiles_step(distribute)):
     if jit_compile is False:
       raise ValueError(
           "A TPU runs only XLA programs: TPUStrategy.run compiles the "

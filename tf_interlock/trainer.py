@@ -188,10 +188,10 @@ class InterlockTrainer:
     # on its own device, or one whole replica step on the one device (its
     # per-module functions then inline: XLA sees the whole step anyway).
     self._compile_step = False
-    if self.jit_compile and self.placement.depthwise:
+    if self.jit_compile and self.placement.xla_unit == "module":
       self.step.functions.compile_each()
-    elif self.jit_compile and self.placement.compiles_replica_step and not (
-        placement_lib.TpuPlacement.compiles_step(self.distribute)):
+    elif (self.jit_compile and self.placement.xla_unit == "replica_step"
+          and not placement_lib.TpuPlacement.compiles_step(self.distribute)):
       self._compile_step = True
       self.step.functions.traced = False
 
@@ -390,8 +390,10 @@ class InterlockTrainer:
       step = tf.function(step, autograph=False, jit_compile=True)
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
-    if step_loop.resolve_loop(self.options.loop, self.strategy, self.num_modules,
-                              self.placement.one_process, replicas) == "while":
+    kind = step_loop.resolve_loop(self.options.loop, self.strategy,
+                                  self.num_modules, self.placement.one_process,
+                                  replicas)
+    if kind == "while":
       # One step traced, looped (`step_loop`).
       return step_loop.make_while_loop(
           step, num_steps, lambda calls: self.step.functions.tracing_loop(

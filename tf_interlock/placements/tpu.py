@@ -23,7 +23,7 @@ class TpuPlacement(base.Placement):
   """
 
   kind = "tpu"
-  always_xla = True
+  xla_unit = "strategy"
   needs_tpu = True
   loop_on_host = False
 
