@@ -194,16 +194,18 @@ def simulated_placement(plan):
       module_devices=plan.module_devices)
 
 
-def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False):
+def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False,
+                  options=None):
   """The built `InterlockTrainer` of strategy cell `name` (`parse_cell`),
-  compiled with XLA or not (`jit_compile`, a bool)."""
+  compiled with XLA or not (`jit_compile`, a bool), run as `options` (a
+  `tf_interlock.ExecutionOptions`; None: the defaults) say."""
   strategy, microbatches = parse_cell(name)
   trainer = InterlockTrainer(
       build_modules(spec, aux_heads),
       lambda k: optimization.make_optimizer(spec.config, None), strategy,
       placement=placement, steps_per_loop=spec.config.run.steps_per_loop,
       num_microbatches=microbatches, jit_compile=jit_compile,
-      **cell_options(name))
+      options=options, **cell_options(name))
   trainer.build(make_batch(spec)[0])
   return trainer
 

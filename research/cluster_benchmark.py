@@ -167,6 +167,7 @@ def child(role):
   """Times every cell on one placement; prints one JSON line each."""
   # pylint: disable=import-outside-toplevel
   from tf_interlock import cluster as cluster_lib
+  from train import cluster_checks
   from tf_interlock import placement as placement_lib
   from step_model import transfer
   from research import benchmark_lib
@@ -175,8 +176,9 @@ def child(role):
     placement_lib.configure_simulated_devices(k, intra_op_threads=1,
                                               inter_op_threads=k)
   else:
-    devices = cluster_lib.connect(cluster_lib.cluster_spec(_CLUSTER.value),
-                                  120)
+    spec = cluster_lib.cluster_spec(_CLUSTER.value)
+    cluster_checks.wait_for_workers(spec, 120)
+    devices = cluster_lib.connect(spec)
     prof = owned_dir.load_json(_PROFILE.value,
                                received=f"profile={_PROFILE.value!r}")
     link = transfer.probe_crossing(devices[0], devices[1],

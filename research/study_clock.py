@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf_interlock import metric_names
 from train import run_dir
+from research import legacy_heads
 
 
 def read_scalars(event_dir):
@@ -92,7 +93,7 @@ def summarize_run(model_dir, metric):
     head, _, name = tag.partition("/")
     if name:
       by_head[head][name] = points
-  by_head = metric_names.canonical_heads(by_head) if by_head else {}
+  by_head = legacy_heads.canonical_heads(by_head) if by_head else {}
   network = metric_names.network_head(by_head) if by_head else "module_K"
   for scalars, events, tag in (
       (train, run.train_log_dir, "step_time_s"),

@@ -26,12 +26,12 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tf_interlock import metric_names
 from tf_interlock import strategy as strategy_lib
 from tf_interlock import owned_dir
 from step_model import projection
 from step_model import schedule
 from train import config as config_lib
+from research import legacy_heads
 from research import study_clock
 from research import study_owner
 from research import study_store
@@ -285,7 +285,7 @@ def run_one(study, strategy, seed, break_lock=False, train=train_preset):
                               study_store.result_problem)
     # A result stored before heads were named "module_k" reads in today's
     # names, so that it aggregates with new ones.
-    result["eval"] = metric_names.canonical_heads(result["eval"],
+    result["eval"] = legacy_heads.canonical_heads(result["eval"],
                                                   study.num_modules)
     return result
   if state == study_owner.UNFINISHED:

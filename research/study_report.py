@@ -22,6 +22,7 @@ from tf_interlock import owned_dir
 from tf_interlock import placement as placement_lib
 from tf_interlock import paths
 from step_model import projection
+from research import legacy_heads
 from research import study_lib
 from research import study_owner
 from research import study_store
@@ -100,7 +101,7 @@ def _points(row):
 def network_metric(row, metric, num_modules):
   """A strategy row's final band of `metric` for the network's own head
   (module K), also from results written when it was named "final"."""
-  heads = metric_names.canonical_heads(row["final"], num_modules)
+  heads = legacy_heads.canonical_heads(row["final"], num_modules)
   return heads[metric_names.network_head(heads)][metric]
 
 

@@ -40,6 +40,7 @@ from layers import resnet  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
 from tf_interlock import step_loop  # noqa: E402
 from tf_interlock import strategy as strategy_lib  # noqa: E402
+from tf_interlock.execution_options import ExecutionOptions  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from train import config as config_lib  # noqa: E402
 from train import error_boundary  # noqa: E402
@@ -172,10 +173,11 @@ def time_strategy(s, name):
   num_modules = s.config.interlock.num_modules
   placement_lib.configure_simulated_devices(num_modules)
   placement = placement_lib.make_placement("simulated", num_modules)
+  options = ExecutionOptions(loop=_LOOP.value,
+                             graph_optimization=_OPTIMIZATION.value)
   trainer = benchmark_lib.build_trainer(s, name, placement,
-                                        jit_compile=_JIT.value)
-  trainer.loop = _LOOP.value
-  trainer.graph_optimization = _OPTIMIZATION.value
+                                        jit_compile=_JIT.value,
+                                        options=options)
   dataset = tf.data.Dataset.from_tensors(benchmark_lib.make_batch(s))
   iterator = iter(trainer.distribute_dataset(dataset.repeat()))
   loop = trainer.loop_function(s.config.run.steps_per_loop)

@@ -37,6 +37,7 @@ from tf_interlock import metric_names
 from step_model import profiling
 from train import run_dir as run_dir_lib
 from train import run_lock
+from research import legacy_heads
 from research import study_clock
 from research import study_store
 from research import user_study
@@ -101,7 +102,7 @@ def heads_of(logs, metric, num_modules):
   if metric == "perplexity":
     for values in heads.values():
       values["perplexity"] = math.exp(min(values["loss"], 700.0))
-  return metric_names.canonical_heads(heads, num_modules)
+  return legacy_heads.canonical_heads(heads, num_modules)
 
 
 def build(spec):

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from tf_interlock.data import fashion_mnist_local as fm
+from train.data import fashion_mnist_local as fm
 
 
 def write_idx(path, array, magic=None, keep_bytes=None):

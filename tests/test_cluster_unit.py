@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
+from train import cluster_checks
 from train import config as config_lib
 
 
@@ -94,11 +95,11 @@ def test_a_dead_worker_is_named():
       "failed to connect to all addresses; last error: UNKNOWN: "
       "ipv4:127.0.0.1:4002: Failed to connect to remote host"))
   for error in (by_task, by_port):
-    line = cluster_lib.describe_failure(error, spec)
+    line = cluster_checks.describe_failure(error, spec)
     assert line.startswith("worker task 1 (127.0.0.1:4002) failed"), line
     assert "\n" not in line
   other = tf.errors.InvalidArgumentError(None, None, "shapes differ")
-  assert cluster_lib.describe_failure(other, spec) is None
+  assert cluster_checks.describe_failure(other, spec) is None
 
 
 def test_a_dead_worker_unnamed_by_tf_is_found_by_its_port():
@@ -116,7 +117,7 @@ def test_a_dead_worker_unnamed_by_tf_is_found_by_its_port():
     spec = cluster_lib.cluster_spec(",".join(addresses))
     reset = tf.errors.UnavailableError(
         None, None, "recvmsg:Connection reset by peer")
-    line = cluster_lib.describe_failure(reset, spec)
+    line = cluster_checks.describe_failure(reset, spec)
     assert line.startswith(f"worker task 1 ({addresses[1]}) failed"), line
   finally:
     listening.close()
@@ -142,9 +143,9 @@ def test_a_worker_still_going_down_is_named_once_it_refuses(monkeypatch):
     waits.append(seconds)
     listening[1].close()
 
-  monkeypatch.setattr(cluster_lib.time, "sleep", sleep)
+  monkeypatch.setattr(cluster_checks.time, "sleep", sleep)
   try:
-    line = cluster_lib.describe_failure(reset, spec, window_s=30.0)
+    line = cluster_checks.describe_failure(reset, spec, window_s=30.0)
     assert line.startswith(f"worker task 1 ({addresses[1]}) failed"), line
     assert waits == [0.5]  # both accepted once; asked again after 0.5 s
   finally:
@@ -163,7 +164,7 @@ def test_a_lost_worker_is_one_line_even_when_every_worker_accepts():
     spec = cluster_lib.cluster_spec(address)
     reset = tf.errors.UnavailableError(
         None, None, "recvmsg:Connection reset by peer\nmore detail")
-    line = cluster_lib.describe_failure(reset, spec, window_s=0.0)
+    line = cluster_checks.describe_failure(reset, spec, window_s=0.0)
   finally:
     listening.close()
   assert line.startswith("a worker failed or became unreachable "
@@ -176,7 +177,7 @@ def test_missing_workers_are_named_after_a_bounded_wait():
   spec = cluster_lib.cluster_spec("127.0.0.1:1,127.0.0.1:2")
   with pytest.raises(ConnectionError, match=r"task 0 \(127.0.0.1:1\), "
                      r"task 1 \(127.0.0.1:2\) after 0.5 s"):
-    cluster_lib.wait_for_workers(spec, timeout_s=0.5)
+    cluster_checks.wait_for_workers(spec, timeout_s=0.5)
 
 
 def _config(**fields):

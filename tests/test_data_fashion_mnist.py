@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from tf_interlock.data import fashion_mnist_local as fm
-from tf_interlock.data import images
+from train.data import fashion_mnist_local as fm
+from train.data import images
 from tests.idx_files import write_idx, write_split
 
 NUM_TRAIN, NUM_TEST = 40, 12

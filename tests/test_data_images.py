@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tf_interlock.data import images
+from train.data import images
 
 NUM_EXAMPLES = 16
 BATCH = 8

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from tf_interlock.data import text
+from train.data import text
 
 WORDS = ("the cat dog sat ran on under a mat log quickly slowly big small "
          "red blue house tree fish bird").split()

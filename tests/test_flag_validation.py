@@ -16,8 +16,8 @@ import tensorflow as tf
 from layers import common
 from layers.interlock_module import InterlockModule
 from tests.binaries import ROOT
-from tf_interlock.data import images
-from tf_interlock.data import text
+from train.data import images
+from train.data import text
 from train import config as config_lib
 from train import datasets
 from train import networks

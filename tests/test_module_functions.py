@@ -13,6 +13,7 @@ from layers.interlock_module import InterlockModule
 from tests import helpers
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
+from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
 
 K = 3
@@ -47,8 +48,9 @@ def _trainer(steps_per_loop, traced=True, strategy="2wise", microbatches=1,
       _modules(num_modules=num_modules), lambda k: keras.optimizers.Adam(0.01),
       strategy, loss_fn=helpers.cross_entropy,
       placement=placement_lib.make_placement("simulated", num_modules),
-      steps_per_loop=steps_per_loop, num_microbatches=microbatches)
-  trainer.loop = loop  # unrolled: the per-module functions' steps
+      steps_per_loop=steps_per_loop, num_microbatches=microbatches,
+      # unrolled: the per-module functions' steps
+      options=ExecutionOptions(loop=loop))
   trainer.step.functions.traced = traced
   trainer.build(x)
   iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
@@ -134,7 +136,7 @@ def test_traced_equals_op_by_op(strategy):
     m_inline = inline.train_loop(it_inline)
   assert not inline.step.functions.traces  # really op by op
   assert traced.trainer.step.functions.traces[("body", 0)] == 1
-  assert traced.trainer.loop == "unrolled"
+  assert traced.trainer.options.loop == "unrolled"
   for a, b in zip(traced.weights, helpers.weights(inline.modules)):
     np.testing.assert_allclose(a, b, atol=1e-6)
   for key, value in m_inline.items():

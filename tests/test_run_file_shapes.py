@@ -19,7 +19,7 @@ from tests import refusals
 from tests.binaries import run_main, tree_digest
 from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import owned_dir
-from tf_interlock.data import text as text_lib
+from train.data import text as text_lib
 
 # Every run file we read, made hostile, through the binaries' mains:
 # make test-slow (and CI) runs them.

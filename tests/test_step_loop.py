@@ -14,6 +14,7 @@ from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
+from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
 
 K = 3
@@ -27,8 +28,8 @@ def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
       lambda k: keras.optimizers.Adam(0.01), strategy,
       loss_fn=helpers.cross_entropy,
       placement=placement_lib.make_placement("simulated", num_modules),
-      steps_per_loop=steps_per_loop, num_microbatches=microbatches)
-  trainer.loop = loop
+      steps_per_loop=steps_per_loop, num_microbatches=microbatches,
+      options=ExecutionOptions(loop=loop))
   trainer.step.functions.traced = traced
   trainer.build(x)
   # Different batches every step: the loop must take them in order.

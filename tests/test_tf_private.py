@@ -17,6 +17,7 @@ from tests import helpers
 from tests.binaries import ROOT
 from tf_interlock import placement as placement_lib
 from tf_interlock import tf_private
+from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
 
 
@@ -73,8 +74,8 @@ def test_light_trainer_trains_like_the_default(monkeypatch):
         lambda k: keras.optimizers.Adam(0.01), "2wise",
         loss_fn=helpers.cross_entropy,
         placement=placement_lib.make_placement("simulated", 2),
-        steps_per_loop=4)
-    trainer.graph_optimization = optimization
+        steps_per_loop=4,
+        options=ExecutionOptions(graph_optimization=optimization))
     trainer.build(x)
     iterator = iter(trainer.distribute_dataset(helpers.repeat_dataset(x, y)))
     runs.append(([trainer.train_loop(iterator) for _ in range(2)],

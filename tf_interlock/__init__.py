@@ -13,6 +13,9 @@ The public front door (Gomez et al., 2022, arXiv:2010.04116)::
   a projection at every position) and image features.
 * `InterlockModule`: one module (body, optional aux head, input cut).
 * `InterlockTrainer`: the same training as a plain loop (`train_loop`).
+* `ExecutionOptions`: how the training calls run their steps (loop kind,
+  graph optimisation, per-module functions, tf.data autotuning), given to
+  `InterlockTrainer(options=)` or `InterlockModel.compile(execution_options=)`.
 * `placement`: where module k lives (`make_placement`,
   `configure_simulated_devices`).
 
@@ -50,11 +53,12 @@ from layers.interlock_module import InterlockModule
 from tf_interlock import callbacks
 from tf_interlock import fit_guards
 from tf_interlock import placement
+from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.keras_model import InterlockModel
 from tf_interlock.keras_split import KerasSegment
 from tf_interlock.keras_split import from_keras
 from tf_interlock.trainer import InterlockTrainer
 
-__all__ = ["ConvAuxHead", "InterlockModel", "InterlockModule",
-           "InterlockTrainer", "KerasSegment", "SequenceAuxHead",
-           "from_keras", "placement"]
+__all__ = ["ConvAuxHead", "ExecutionOptions", "InterlockModel",
+           "InterlockModule", "InterlockTrainer", "KerasSegment",
+           "SequenceAuxHead", "from_keras", "placement"]

@@ -127,10 +127,13 @@ class InterlockStep:
       so that one module's activations are alive at a time (on one device
       the dataflow would start every forward first). Only where no gradient
       crosses a module (local learning, window 1).
+    min_traced_calls: `module_functions.ModuleFunctions`'s cut-off (the
+      trainer's `ExecutionOptions.min_traced_calls`).
   """
 
   def __init__(self, modules, plan, loss_fn, metric_fn=None, placement=None,
-               recompute=False, memory_lean=False):
+               recompute=False, memory_lean=False,
+               min_traced_calls=module_functions.MIN_CALLS):
     self.modules = list(modules)
     self.plan = plan
     self.recompute = _per_module("recompute", recompute, len(self.modules))
@@ -144,8 +147,8 @@ class InterlockStep:
     self.loss_fn = loss_fn
     self.metric_fn = metric_fn
     self.placement = placement or placement_lib.Placement("single")
-    self.functions = module_functions.ModuleFunctions(self.modules,
-                                                      self.placement)
+    self.functions = module_functions.ModuleFunctions(
+        self.modules, self.placement, min_calls=min_traced_calls)
     self._warned_no_gradient = set()
 
   def _average(self, per_example, global_batch_size, what):

@@ -161,14 +161,15 @@ def _labels_with_weights(x, y, w):
 
 def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
                      validation_split, validation_data, sample_weight=None,
-                     input_shape=None):
+                     input_shape=None, autotune=False):
   """Fixed-size training batches and the number of steps per epoch.
 
   Sample weights travel with the labels, as `(labels, sample_weight)`,
   which `weighted` losses understand.
 
-  The dataset's tf.data autotuning is turned off (`without_autotune`)
-  unless its options set it.
+  Without `autotune` (`ExecutionOptions.data_autotune`), the dataset's
+  tf.data autotuning is turned off (`without_autotune`) unless its options
+  set it.
 
   Returns:
     (dataset, steps, keras_steps, validation_data): `steps` batches make an
@@ -182,7 +183,7 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
                        "labels[, sample_weight])). Received: y, "
                        "sample_weight or validation_split")
     _check_batches(x, input_shape)
-    x = without_autotune(x)
+    x = x if autotune else without_autotune(x)
     if len(x.element_spec) == 3:
       x = x.map(_labels_with_weights)
     size = int(x.cardinality())
@@ -239,7 +240,8 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
           x, (y, np.asarray(sample_weight, dtype="float32"))))
   if shuffle:
     dataset = dataset.shuffle(num, reshuffle_each_iteration=True)
-  dataset = without_autotune(dataset.batch(batch_size, drop_remainder=True))
+  dataset = dataset.batch(batch_size, drop_remainder=True)
+  dataset = dataset if autotune else without_autotune(dataset)
   if steps_per_epoch is None:
     return dataset, num // batch_size, None, validation_data
   return (dataset.repeat(), steps_per_epoch, steps_per_epoch,

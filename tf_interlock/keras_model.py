@@ -31,11 +31,13 @@ What Keras sees under interlocking:
 """
 
 import contextlib
+import dataclasses
 
 import keras
 import tensorflow as tf
 
 from tf_interlock import evaluation
+from tf_interlock import execution_options as execution_options_lib
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock import fit_arguments
@@ -227,7 +229,8 @@ class InterlockModel(keras.Model):
   # -- compile and fit ------------------------------------------------------
 
   def compile(self, optimizer="adam", loss=None, metrics=None,
-              steps_per_execution=1, jit_compile="auto", **kwargs):
+              steps_per_execution=1, jit_compile="auto",
+              execution_options=None, **kwargs):
     """Configures interlocking training.
 
     Args:
@@ -252,6 +255,9 @@ class InterlockModel(keras.Model):
         XLA (`InterlockTrainer`'s argument; "auto" as Keras: on where the
         modules run on a GPU or TPU, off on CPU; always on for
         placement="tpu"). The resolved value is `model.trainer.jit_compile`.
+      execution_options: a `tf_interlock.ExecutionOptions` (how each call
+        runs its steps, and `fit`'s tf.data autotuning); None: the
+        defaults. Saved with the compile config.
       **kwargs: other `keras.Model.compile` arguments are not supported and
         raise.
     """
@@ -259,7 +265,7 @@ class InterlockModel(keras.Model):
     if kwargs:
       raise ValueError(
           f"InterlockModel.compile takes optimizer, loss, metrics, "
-          f"steps_per_execution and jit_compile only. "
+          f"steps_per_execution, jit_compile and execution_options only. "
           f"Received: {sorted(kwargs)}")
     # The trainer's own forms, named as compile's arguments; a list's
     # optimizers are cloned onto their modules' devices too.
@@ -279,7 +285,8 @@ class InterlockModel(keras.Model):
         self.interlock_modules, factory, self.interlock_strategy,
         loss_fn=loss_fn, metric_fn=metric_fn, distribute=self._distribute,
         placement=self.placement, steps_per_loop=steps_per_execution,
-        num_microbatches=self.num_microbatches, jit_compile=jit_compile)
+        num_microbatches=self.num_microbatches, jit_compile=jit_compile,
+        options=execution_options)
     # Named attributes: Keras saves (and BackupAndRestore restores) each
     # module's optimizer state with the model's weights.
     for k, opt in enumerate(self.trainer.optimizers, start=1):
@@ -307,6 +314,9 @@ class InterlockModel(keras.Model):
                                                 steps_per_execution))
     if self._interlock_compile_config is not None:
       self._interlock_compile_config["jit_compile"] = jit_compile
+      if execution_options is not None:
+        self._interlock_compile_config["execution_options"] = (
+            dataclasses.asdict(execution_options))
     self._slots_built = False
     if self.built:
       self._build_trainer_slots(self._input_shape)
@@ -318,7 +328,11 @@ class InterlockModel(keras.Model):
         self._interlock_compile_config)
 
   def compile_from_config(self, config):
-    self.compile(**keras.saving.deserialize_keras_object(config))
+    config = keras.saving.deserialize_keras_object(config)
+    if "execution_options" in config:
+      config["execution_options"] = execution_options_lib.ExecutionOptions(
+          **config["execution_options"])
+    self.compile(**config)
 
   @property
   def metrics(self):
@@ -385,7 +399,8 @@ class InterlockModel(keras.Model):
             x, y, batch_size, shuffle, steps_per_epoch, validation_split,
             validation_data, sample_weight=sample_weight,
             input_shape=(input_nest.first_shape(self._input_shape)
-                         if self.built else None)))
+                         if self.built else None),
+            autotune=self.trainer.options.data_autotune))
     if self.built and self._slots_built:
       # Built: only the input dtype is needed, and a batch read here would
       # cost an iterator per call.

@@ -10,17 +10,12 @@ evaluation) and the evaluation results, which nest the same names as
 Keras's own "loss" and "accuracy" in `fit`'s and `evaluate`'s logs are
 module K's, the network's (`with_keras_names`), and a metric function's one
 score (not a dict of them) is named "accuracy" (`named_scores`).
-
-Results written before this scheme named the exits "exit_{k}" and the
-network's head "final"; `canonical_heads` reads them in today's names.
 """
 
 import re
 
 _KEY = re.compile(r"^module_([1-9]\d*)/(.+)$")
 _HEAD = re.compile(r"^module_([1-9]\d*)$")
-_LEGACY_EXIT = re.compile(r"^exit_([1-9]\d*)$")
-LEGACY_FINAL = "final"
 
 
 def module_name(index):
@@ -107,38 +102,6 @@ def head_index(head):
     raise ValueError(f"A head name looks like 'module_<k>' with k >= 1. "
                      f"Received: head={head!r}")
   return int(match.group(1)) - 1
-
-
-def canonical_heads(results, num_modules=None):
-  """`results` ({head: value}) with every head named "module_{k}".
-
-  Reads results of either scheme: an older file's "exit_{k}" is module k's
-  exit and its "final" the network's, module K.
-
-  Args:
-    results: {head: value}, heads "module_k", or "exit_k" and "final".
-    num_modules: K, when known; else an older "final" is taken to follow
-      the deepest head listed (its module K - 1 had an exit).
-
-  Returns:
-    A new dict in depth order, module 1 first.
-
-  Raises:
-    ValueError: for a head name of neither scheme.
-  """
-  named = {}
-  for head, value in results.items():
-    legacy = _LEGACY_EXIT.match(head)
-    if legacy is not None:
-      head = module_name(int(legacy.group(1)) - 1)
-    elif head != LEGACY_FINAL:
-      head_index(head)  # raises for a name of neither scheme
-    named[head] = value
-  if LEGACY_FINAL in named:
-    last = num_modules or 1 + max(
-        [head_index(h) + 1 for h in named if h != LEGACY_FINAL], default=0)
-    named[module_name(last - 1)] = named.pop(LEGACY_FINAL)
-  return dict(sorted(named.items(), key=lambda kv: head_index(kv[0])))
 
 
 def network_head(results):

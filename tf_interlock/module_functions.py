@@ -31,10 +31,10 @@ returned: tensors a layer keeps in `losses` belong to the function's own
 graph and cannot be read outside it.
 
 XLA (`jit_compile`, see `resolve_jit_compile` and docs/xla.md). A placement
-that puts modules on several devices (`Placement.depthwise`) compiles each of
-these functions with XLA, on its module's device, and calls them whatever
-the number of calls: one XLA program per module and kind of work (body,
-update, gradient norm), so the modules still overlap. The body's VJPs come
+that puts modules on several devices (`Placement.xla_unit == "module"`)
+compiles each of these functions with XLA, on its module's device, and calls
+them whatever the number of calls: one XLA program per module and kind of
+work (body, update, gradient norm), so the modules still overlap. The body's VJPs come
 from the gradient of a compiled function, which TF compiles too. The glue
 between modules (routing, aux heads, losses) stays in the TF graph.
 """
@@ -44,6 +44,8 @@ import functools
 
 import tensorflow as tf
 
+from tf_interlock import execution_options
+from tf_interlock import placement as placement_lib
 from tf_interlock import tf_private
 
 # Which placements trace each module's body and update once is the
@@ -52,11 +54,11 @@ from tf_interlock import tf_private
 # remote devices keep the op-by-op path they were written and checked with.
 #
 # Which compile each per-module function as one XLA program under
-# `jit_compile` is its `depthwise`: one function may touch only its module's
-# variables, on its module's device (XLA refuses a resource on another
-# device). "single" compiles the whole replica step instead
-# (`compiles_replica_step`), "tpu" is compiled by `TPUStrategy.run` itself
-# (`always_xla`).
+# `jit_compile` is its `xla_unit` "module": one function may touch only its
+# module's variables, on its module's device (XLA refuses a resource on
+# another device). "single" compiles the whole replica step instead
+# ("replica_step"), "tpu" is compiled by `TPUStrategy.run` itself
+# ("strategy").
 
 JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 
@@ -65,8 +67,9 @@ JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 # builds the function's forward-with-intermediates and backward functions,
 # and the runtime instantiates the calls. The functions pay from about 4
 # calls per trace (measured: docs/results/tracing/report.md). A loop with
-# fewer calls per module runs op by op.
-MIN_CALLS = 4
+# fewer calls per module runs op by op. The default of
+# `ExecutionOptions.min_traced_calls`.
+MIN_CALLS = execution_options.ExecutionOptions.min_traced_calls
 
 
 class PerModuleFunction:
@@ -120,6 +123,7 @@ class ModuleFunctions:
     modules: the K `InterlockModule`s, in depth order.
     placement: the `placement.Placement`; the work is traced only where
       its `traced` is true.
+    min_calls: a loop that calls each function fewer times runs op by op.
 
   Attributes:
     traced: whether the functions may be traced at all (False: always op
@@ -132,11 +136,12 @@ class ModuleFunctions:
     functions: every `PerModuleFunction`, by key.
   """
 
-  def __init__(self, modules, placement):
+  def __init__(self, modules, placement, min_calls=MIN_CALLS):
     self.modules = list(modules)
     self.traced = placement.traced
     self.jit_compile = False
-    self.calls = MIN_CALLS
+    self.min_calls = min_calls
+    self.calls = min_calls
     self.traces = collections.Counter()
     self.functions = {}
     for k, module in enumerate(self.modules):
@@ -145,7 +150,7 @@ class ModuleFunctions:
   @property
   def use(self):
     """Whether calls now go through the traced functions."""
-    return self.jit_compile or (self.traced and self.calls >= MIN_CALLS)
+    return self.jit_compile or (self.traced and self.calls >= self.min_calls)
 
   def compile_each(self):
     """Makes every function one XLA program, called on every call.
@@ -160,7 +165,7 @@ class ModuleFunctions:
 
   def tracing_loop(self, calls):
     """Sets how often the loop being traced calls each function: below
-    `MIN_CALLS`, it runs op by op (cheaper to trace)."""
+    `min_calls`, it runs op by op (cheaper to trace)."""
     self.calls = calls
 
   def add(self, fn, key):
@@ -197,8 +202,8 @@ def resolve_jit_compile(jit_compile, placement, distribute):
 
   Returns:
     The resolved bool: always True for a placement that runs only XLA
-    (`always_xla`: "tpu", whose `TPUStrategy.run` compiles every replica
-    step).
+    (`xla_unit == "strategy"`: "tpu", whose `TPUStrategy.run` compiles
+    every replica step).
 
   Raises:
     ValueError: an unknown value, jit_compile=False with placement "tpu", or
@@ -208,8 +213,8 @@ def resolve_jit_compile(jit_compile, placement, distribute):
   if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
     raise ValueError(f"jit_compile must be {JIT_COMPILE_ALLOWED}. "
                      f"Received: jit_compile={jit_compile!r}")
-  if placement.always_xla or isinstance(distribute,
-                                        tf.distribute.TPUStrategy):
+  if (placement.xla_unit == "strategy"
+      or placement_lib.TpuPlacement.compiles_step(distribute)):
     if jit_compile is False:
       raise ValueError(
           "A TPU runs only XLA programs: TPUStrategy.run compiles the "

@@ -11,7 +11,9 @@ README's benchmark table measures it). Where the window covers every module
 there is no such slack, and `loop="auto"` traces one step and loops it
 instead (`step_loop`), which cuts the first call's tracing and graph
 optimisation to one step's; `graph_optimization` gives the training call a
-lighter graph optimisation on CPU (`tf_private`). Nothing in the step may
+lighter graph optimisation on CPU (`tf_private`). Both, the per-module
+functions' cut-off and `fit`'s data autotuning are `ExecutionOptions`, fixed
+when the trainer is made. Nothing in the step may
 serialize the graph: no shared metric variables, no host callbacks, no
 variable shared by two modules (loss scales are per module, see `engine`);
 metrics are returned tensors.
@@ -50,6 +52,7 @@ import keras
 import tensorflow as tf
 
 from tf_interlock import engine
+from tf_interlock import execution_options
 from tf_interlock import exits as exits_lib
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
@@ -144,6 +147,8 @@ class InterlockTrainer:
     memory_lean: one module's activations alive at a time: module k + 1's
       forward waits for module k's backward, and each microbatch and step
       for the one before (`engine.InterlockStep`; local learning only).
+    options: an `ExecutionOptions` (how a call runs its steps); None: the
+      defaults. Read back as `trainer.options`.
   """
 
   def __init__(self, modules, optimizers, strategy="e2e", *, variant=None,
@@ -151,7 +156,8 @@ class InterlockTrainer:
                metric_fn=losses_lib.sparse_accuracy, distribute=None,
                placement=None, steps_per_loop=1, num_microbatches=1,
                replicas=None, jit_compile="auto", recompute=False,
-               memory_lean=False):
+               memory_lean=False, options=None):
+    self.options = execution_options.resolve(options)
     self.modules = list(modules)
     self.replicas = replicas
     if not self.modules:
@@ -180,21 +186,13 @@ class InterlockTrainer:
     self.step = engine.InterlockStep(
         self.modules, self.plan, losses_lib.per_example_loss(loss_fn),
         metric_fn, self.placement, recompute=recompute,
-        memory_lean=memory_lean)
+        memory_lean=memory_lean,
+        min_traced_calls=self.options.min_traced_calls)
     self._loop_fns = {}
     self._built = False
     # The ties between modules (a layer called in two of them), found by
     # `build` once the variables exist; None when there are none.
     self._tied = None
-    # How a call runs its steps: "auto", "unrolled" or "while" (read when
-    # a loop function is made, see `step_loop.resolve_loop`).
-    self.loop = "auto"
-    # The training call's graph optimisation: "auto", "default" or "light"
-    # (`tf_private.light_graph_optimization`); "auto" is light where every
-    # module runs on a CPU of this process (the passes it drops left the
-    # graph unchanged there; on a GPU the layout and memory passes may
-    # matter).
-    self.graph_optimization = "auto"
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._updates = [self.step.functions.add(
@@ -207,11 +205,10 @@ class InterlockTrainer:
     # on its own device, or one whole replica step on the one device (its
     # per-module functions then inline: XLA sees the whole step anyway).
     self._compile_step = False
-    if self.jit_compile and self.placement.depthwise:
+    if self.jit_compile and self.placement.xla_unit == "module":
       self.step.functions.compile_each()
-    elif self.jit_compile and self.placement.compiles_replica_step and not (
-        isinstance(self.distribute, tf.distribute.TPUStrategy)):
-      # (A TPUStrategy compiles its replica step itself.)
+    elif (self.jit_compile and self.placement.xla_unit == "replica_step"
+          and not placement_lib.TpuPlacement.compiles_step(self.distribute)):
       self._compile_step = True
       self.step.functions.traced = False
 
@@ -431,8 +428,10 @@ class InterlockTrainer:
       step = tf.function(step, autograph=False, jit_compile=True)
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
-    if step_loop.resolve_loop(self.loop, self.strategy, self.num_modules,
-                              self.placement.one_process, replicas) == "while":
+    kind = step_loop.resolve_loop(self.options.loop, self.strategy,
+                                  self.num_modules, self.placement.one_process,
+                                  replicas)
+    if kind == "while":
       # One step traced, looped (`step_loop`).
       return step_loop.make_while_loop(
           step, num_steps, lambda calls: self.step.functions.tracing_loop(
@@ -498,8 +497,9 @@ class InterlockTrainer:
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
     try:
-      if self.graph_optimization == "light" or (
-          self.graph_optimization == "auto"
+      optimization = self.options.graph_optimization
+      if optimization == "light" or (
+          optimization == "auto"
           and self.placement.one_process
           and not self.placement.on_accelerator()):
         with tf_private.light_graph_optimization():

@@ -370,7 +370,7 @@ def validate(config, num_replicas=1):
   if placement.needs_tpu and not config.devices.tpu:
     fail("tpu", config.devices.tpu, f"placement={config.devices.placement} "
          "needs --tpu (name or grpc://)")
-  if placement.always_xla and config.devices.jit_compile == "false":
+  if placement.xla_unit == "strategy" and config.devices.jit_compile == "false":
     fail("jit_compile", config.devices.jit_compile,
          f"placement={config.devices.placement} always compiles with XLA "
          "(a TPU runs only XLA programs); use auto or true")

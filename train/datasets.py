@@ -1,7 +1,7 @@
 """The run's data from a `Config`: train and eval pipelines, split sizes.
 
-Synthetic Gaussian clusters, the image datasets (`tf_interlock.data.images`)
-and the text corpora (`tf_interlock.data.text`), each as a `Task`: the
+Synthetic Gaussian clusters, the image datasets (`train.data.images`)
+and the text corpora (`train.data.text`), each as a `Task`: the
 datasets plus what the model and its loss need to know about them.
 """
 
@@ -14,9 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_interlock import op_errors
-from tf_interlock.data import fashion_mnist_local
-from tf_interlock.data import images
-from tf_interlock.data import text
+from train.data import fashion_mnist_local
+from train.data import images
+from train.data import text
 
 SYNTHETIC_DIM = 32
 SYNTHETIC_CLASSES = 10

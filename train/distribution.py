@@ -10,6 +10,7 @@ import threading
 import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
+from train import cluster_checks
 from train import config as config_lib
 from train import multi_worker
 from train import stop_watchdog
@@ -89,7 +90,7 @@ def resolve_tpu(config):
   silent = [address for tasks in resolver.cluster_spec().as_dict().values()
             for address in (tasks.values() if isinstance(tasks, dict)
                             else tasks)
-            if not cluster_lib.reachable(address, TPU_CONNECT_TIMEOUT_S)]
+            if not cluster_checks.reachable(address, TPU_CONNECT_TIMEOUT_S)]
   if silent:
     config_lib.fail("tpu", config.devices.tpu, f"cannot reach the TPU: nothing "
                     f"accepts connections at {', '.join(silent)} within "
@@ -107,13 +108,13 @@ def connect_cluster(config):
   spec = cluster_lib.cluster_spec(config.devices.cluster)
   timeout_s = config.devices.cluster_timeout_s
   try:
-    cluster_lib.wait_for_workers(spec, timeout_s)  # bounded by itself
+    cluster_checks.wait_for_workers(spec, timeout_s)  # bounded by itself
     # TF's connect and first remote op have no timeout of their own.
     workers = ",".join(spec.job_tasks(cluster_lib.JOB))
     with stop_watchdog.bounded(timeout_s, f"connecting to the workers "
                                f"{workers} (--cluster_timeout_s="
                                f"{timeout_s:g})"):
-      cluster_lib.connect(spec, timeout_s)
+      cluster_lib.connect(spec)
   except ConnectionError as e:
     raise ValueError(str(e)) from None
   # A worker that stops answering is named within --cluster_timeout_s.
@@ -125,7 +126,7 @@ def cluster_failure(config, error):
   """The one line naming the worker a runtime error came from, or None."""
   if not config_lib.placement_of(config).needs_cluster:
     return None
-  return cluster_lib.describe_failure(
+  return cluster_checks.describe_failure(
       error, cluster_lib.cluster_spec(config.devices.cluster))
 
 

@@ -5,7 +5,7 @@ needs this machine: its replicas and GPUs, the TPU's name, the prepared
 data and the sizes of its splits.
 """
 
-from tf_interlock.data import images
+from train.data import images
 from train import config as config_lib
 from train import datasets
 from train import distribution

@@ -241,7 +241,7 @@ def configure(argv=None):
   defaults = environment_defaults(verbose)
   if not verbose and "--placement=cluster" in (sys.argv if argv is None
                                                else argv):
-    # A lost worker is reported in one line (cluster.describe_failure);
+    # A lost worker is reported in one line (cluster_checks.describe_failure);
     # TF's C++ errors about it ("E0000 ... Failed to register function
     # remotely", from its own threads) would only repeat it.
     defaults["TF_CPP_MIN_LOG_LEVEL"] = "3"

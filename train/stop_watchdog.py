@@ -27,7 +27,7 @@ a script; stdlib only, no TensorFlow, so it starts in milliseconds):
   gRPC service every few seconds; a worker that has not answered for
   --cluster_timeout_s (frozen: SIGSTOP, a hung host) is named in one line
   and the binary is stopped the same way. A worker whose port refuses is
-  left to the binary, whose TF error names it (`cluster.describe_failure`).
+  left to the binary, whose TF error names it (`cluster_checks.describe_failure`).
 
 * A wait inside TF that was given a timeout but cannot honour it (the
   first op on a cluster's workers) runs in `bounded(seconds, what)`: past
@@ -254,7 +254,7 @@ def kept(facts):
 def answers(address, timeout_s):
   """None when `address` answers TF's WorkerService.GetStatus within
   timeout_s, else gRPC's status code name (DEADLINE_EXCEEDED: no answer).
-  The same request as `tf_interlock.cluster.worker_status`."""
+  The same request as `train.cluster_checks.worker_status`."""
   import grpc  # pylint: disable=g-import-not-at-top
   with grpc.insecure_channel(address) as channel:
     call = channel.unary_unary("/tensorflow.WorkerService/GetStatus")

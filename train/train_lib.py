@@ -18,7 +18,6 @@ import time
 import keras
 import tensorflow as tf
 
-from tf_interlock import checkpoint_match
 from tf_interlock import evaluation
 from tf_interlock import export as export_lib
 from tf_interlock import losses
@@ -27,6 +26,7 @@ from tf_interlock import paths
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
+from train import checkpoint_match
 from train import config as config_lib
 from train import datasets
 from train import distribution

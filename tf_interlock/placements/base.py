@@ -83,12 +83,11 @@ class Placement:
     kind: the name, the `--placement` flag value.
     traced: each module's body and update may be a `tf.function` of its own
       (`module_functions`); False keeps every op inline.
-    depthwise: under `jit_compile`, each module's functions are one XLA
-      program on the module's own device.
-    compiles_replica_step: under `jit_compile`, the whole replica step is
-      one XLA program (every module on one device).
-    always_xla: the device runs only XLA programs (jit_compile=False is
-      refused).
+    xla_unit: what one XLA program holds under `jit_compile`: "module"
+      (each module's functions, on the module's own device), "replica_step"
+      (the whole replica step: every module on one device), "strategy" (the
+      strategy compiles every step itself and its device runs only XLA
+      programs: jit_compile=False is refused), or None (not compiled).
     data_parallel: every module shares one device, so a strategy may
       mirror the whole model over devices or workers.
     replica_device_type: "CPU" or "GPU" when a process of a replicas x
@@ -112,9 +111,7 @@ class Placement:
 
   kind = None
   traced = False
-  depthwise = False
-  compiles_replica_step = False
-  always_xla = False
+  xla_unit = None
   data_parallel = False
   replica_device_type = None
   one_device_per_module = False

@@ -25,7 +25,7 @@ class SinglePlacement(base.Placement):
   kind = "single"
   one_process = True
   traced = True
-  compiles_replica_step = True
+  xla_unit = "replica_step"
   data_parallel = True
 
   @classmethod
@@ -45,7 +45,7 @@ class DevicePlacement(base.Placement):
   """
 
   device_type = None
-  depthwise = True
+  xla_unit = "module"
   # What to do when the devices are missing, added to the error.
   missing_hint = ""
 

@@ -23,7 +23,7 @@ class TpuPlacement(base.Placement):
   """
 
   kind = "tpu"
-  always_xla = True
+  xla_unit = "strategy"
   needs_tpu = True
   loop_on_host = False
 
@@ -44,6 +44,14 @@ class TpuPlacement(base.Placement):
           f"cores per replica (see tpu_device_assignment). "
           f"Received: cores_per_replica={cores}")
     return cls(devices=None, distribute=distribute)
+
+  @staticmethod
+  def compiles_step(distribute):
+    """Whether `distribute` compiles every replica step itself, under any
+    placement: a TPUStrategy, whose `run` makes each step one XLA program
+    (jit_compile=False cannot hold there, and no step of ours is compiled
+    again inside it)."""
+    return isinstance(distribute, tf.distribute.TPUStrategy)
 
   @classmethod
   def strategy(cls, num_modules, resolver=None):

@@ -20,7 +20,7 @@ from typing import Mapping, Optional, Tuple
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tf_interlock.data import fashion_mnist_local
+from train.data import fashion_mnist_local
 
 # ImageNet evaluation resizes the shorter side to 224 / 0.875 = 256, then
 # takes the central 224x224 crop (the usual ResNet protocol).

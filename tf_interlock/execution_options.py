@@ -1,0 +1,88 @@
+"""How a trainer runs its steps, fixed when it is made: `ExecutionOptions`.
+
+None of these changes what is computed (the weights after a step are the
+same, bit for bit, under every choice; tests/test_step_loop.py and
+tests/test_tf_private.py check it): they trade the first call's tracing
+time against the steady step time, and were chosen by measurement on a
+2-core CPU host shared with other sessions.
+
+  import tf_interlock as ti
+  options = ti.ExecutionOptions(loop="unrolled", graph_optimization="default")
+  trainer = ti.InterlockTrainer(modules, "adam", "2wise", options=options)
+  model.compile("adam", execution_options=options)   # InterlockModel
+"""
+
+import dataclasses
+
+LOOPS = ("auto", "unrolled", "while")
+GRAPH_OPTIMIZATIONS = ("auto", "default", "light")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionOptions:
+  """How `InterlockTrainer.train_loop` runs its steps.
+
+  Attributes:
+    loop: how one call runs its `steps_per_loop` steps. "unrolled": every
+      step written into the graph (module k can start step t + 1 while
+      later modules finish step t). "while": one step traced and called by
+      a `tf.while_loop` (`step_loop`; the first call traces one step).
+      "auto" (default): "while" where the window covers every module in one
+      process and one replica (no overlap across steps to lose), else
+      "unrolled". Measured: docs/results/tracing/firstcall.md (first call,
+      e2e ResNet-20, K = 2, 8 steps: 12.0 -> 4.1 CPU-s, light both).
+    graph_optimization: the training call's graph optimisation. "light":
+      the lighter rewriter config of `tf_private.light_graph_optimization`;
+      "default": TF's own; "auto" (default): light where every module runs
+      on a CPU of this process (measured there, same graph after the passes
+      it drops: docs/results/tracing/grappler.md and firstcall.md), TF's
+      own elsewhere.
+    min_traced_calls: a loop traces each module's work as one
+      `tf.function` (`module_functions`) only where it calls it at least
+      this often (steps x microbatches); below, op by op is cheaper to
+      trace. Default 4, where the functions paid for themselves:
+      docs/results/tracing/report.md.
+    data_autotune: False (default): `InterlockModel.fit`'s training data
+      runs with tf.data's autotuning off unless the dataset's own options
+      set it (`keras_fit.without_autotune`; with it on, each `fit` call
+      lasted until the next 10 ms x 2^n: docs/results/fit_speed/README.md).
+      True: the dataset as given.
+
+  Raises:
+    ValueError: one line naming the bad value.
+  """
+
+  loop: str = "auto"
+  graph_optimization: str = "auto"
+  min_traced_calls: int = 4
+  data_autotune: bool = False
+
+  def __post_init__(self):
+    if self.loop not in LOOPS:
+      raise ValueError(f"loop must be one of {LOOPS}. "
+                       f"Received: loop={self.loop!r}")
+    if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
+      raise ValueError(
+          f"graph_optimization must be one of {GRAPH_OPTIMIZATIONS}. "
+          f"Received: graph_optimization={self.graph_optimization!r}")
+    calls = self.min_traced_calls
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+      raise ValueError(f"min_traced_calls must be an int >= 1. "
+                       f"Received: min_traced_calls={calls!r}")
+    if not isinstance(self.data_autotune, bool):
+      raise ValueError(f"data_autotune must be True or False. "
+                       f"Received: data_autotune={self.data_autotune!r}")
+
+
+def resolve(options):
+  """`options`, or the defaults for None.
+
+  Raises:
+    ValueError: when `options` is neither None nor an `ExecutionOptions`.
+  """
+  if options is None:
+    return ExecutionOptions()
+  if not isinstance(options, ExecutionOptions):
+    raise ValueError(f"options must be a tf_interlock.ExecutionOptions or "
+                     f"None. Received: options={options!r}")
+  return options
