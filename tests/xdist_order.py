@@ -25,6 +25,9 @@ import os
 # `pytest -n 2 --dist loadfile --durations=0 --durations-min=0.3`.
 COSTS_S = {
     "test_readme.py": 40,
+    "test_tied_weights.py": 15,  # estimated (Dec 5, loaded host)
+    "test_profile_steps.py": 6,  # estimated (Dec 5)
+    "test_timeline.py": 6,  # estimated (Dec 5)
     "test_xla.py": 39,
     "test_keras_model.py": 36,
     "test_keras_hub.py": 35,
