@@ -19,7 +19,8 @@ import re
 from typing import Dict, List, Tuple
 
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from tf_interlock import tf_private
 
 _HOST_PLANE = "/host:CPU"
 _PROCESS = "ExecutorState::Process"
@@ -88,9 +89,8 @@ def read(path):
   Raises:
     ValueError: one line if `path` holds no host plane or no placed op.
   """
-  space = xplane_pb2.XSpace()
   with tf.io.gfile.GFile(path, "rb") as f:
-    space.ParseFromString(f.read())
+    space = tf_private.profiler_xspace(f.read())
   planes = [p for p in space.planes if p.name == _HOST_PLANE]
   if not planes:
     raise ValueError(f"{path} holds no {_HOST_PLANE} plane: not a TF CPU "

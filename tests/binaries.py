@@ -19,6 +19,7 @@ def run_main(binary, flags_given, capfd):
   flags parsed as absl does: the binary's error boundary and all, less the
   seconds of a process start. `capfd` is pytest's fixture."""
   module = _import_binary(binary)
+  _swap_flags(binary, own=True)
   absl_flags.FLAGS.unparse_flags()
   try:
     absl_flags.FLAGS([binary, *flags_given])
@@ -30,19 +31,45 @@ def run_main(binary, flags_given, capfd):
       code = e.code
   finally:
     absl_flags.FLAGS.unparse_flags()  # the next test parses its own
+    _swap_flags(binary, own=False)
   out = capfd.readouterr()
   return code, out.out, out.err
+
+
+# Per binary, the flag names it took over from a binary imported before:
+# {binary: {name: (the earlier binary's Flag, this binary's Flag)}}.
+_TAKEN = {}
+
+
+def _swap_flags(binary, own):
+  """Puts `binary`'s own Flag objects under the names it took over (own),
+  or the earlier binaries' back: the others' flag holders read FLAGS[name]
+  and must find their own flag there."""
+  flags = absl_flags.FLAGS
+  for name, (earlier, its_own) in _TAKEN.get(binary, {}).items():
+    if name in flags:
+      delattr(flags, name)
+    flags[name] = its_own if own else earlier
 
 
 def _import_binary(binary):
   """`binary`'s module. Each binary runs alone in its process, so two may
   name a flag alike; when one test process imports both, the later one
-  takes the name over (only the binary being run reads its flags)."""
+  takes the name over while it runs (`run_main`), and the earlier one's
+  flag stands the rest of the time (only the binary being run reads its
+  flags)."""
+  earlier = {}
   while True:
     try:
-      return importlib.import_module(binary)
+      module = importlib.import_module(binary)
+      if earlier:
+        _TAKEN[binary] = {name: (flag, absl_flags.FLAGS[name])
+                          for name, flag in earlier.items()}
+        _swap_flags(binary, own=False)
+      return module
     except absl_flags.DuplicateFlagError as e:
       name = re.search(r"flag '([^']+)' is defined twice", str(e)).group(1)
+      earlier[name] = absl_flags.FLAGS[name]
       delattr(absl_flags.FLAGS, name)
       sys.modules.pop(binary, None)
 

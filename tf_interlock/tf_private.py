@@ -33,6 +33,7 @@ from tensorflow.python.eager import context as eager_context
 from tensorflow.python.framework import config as tf_config
 from tensorflow.python.saved_model import fingerprinting_utils
 from tensorflow.python.training import checkpoint_state_pb2
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 # TF versions whose private names below were read in the source and
 # exercised by tests/test_tf_private.py.
@@ -93,6 +94,18 @@ def op_determinism_enabled():
   "auto" stays off under it (`module_functions.resolve_jit_compile`).
   """
   return tf_config.is_op_determinism_enabled()
+
+
+def profiler_xspace(data):
+  """A profiler trace file's bytes (`*.xplane.pb`, what
+  `tf.profiler.experimental` writes) as TSL's `XSpace` proto.
+
+  TF ships no public reader: the proto module lives in tensorflow.tsl
+  (research.trace_reader reads each device's ops from it).
+  """
+  space = xplane_pb2.XSpace()
+  space.ParseFromString(data)
+  return space
 
 
 def saved_model_proto():
