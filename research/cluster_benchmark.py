@@ -167,7 +167,6 @@ def child(role):
   """Times every cell on one placement; prints one JSON line each."""
   # pylint: disable=import-outside-toplevel
   from tf_interlock import cluster as cluster_lib
-  from train import cluster_checks
   from tf_interlock import placement as placement_lib
   from step_model import transfer
   from research import benchmark_lib
@@ -177,8 +176,7 @@ def child(role):
                                               inter_op_threads=k)
   else:
     spec = cluster_lib.cluster_spec(_CLUSTER.value)
-    cluster_checks.wait_for_workers(spec, 120)
-    devices = cluster_lib.connect(spec)
+    devices = cluster_lib.connect(spec, timeout_s=120)
     prof = owned_dir.load_json(_PROFILE.value,
                                received=f"profile={_PROFILE.value!r}")
     link = transfer.probe_crossing(devices[0], devices[1],

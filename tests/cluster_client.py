@@ -21,7 +21,6 @@ from tests import helpers
 from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
-from train import cluster_checks
 
 STEPS = 20
 
@@ -51,8 +50,7 @@ def main(cluster, sizes, strategies):
   sizes = [int(k) for k in sizes.split(",")]
   placement_lib.configure_simulated_devices(max(sizes))
   spec = cluster_lib.cluster_spec(cluster)
-  cluster_checks.wait_for_workers(spec, timeout_s=60)
-  cluster_lib.connect(spec)
+  cluster_lib.connect(spec, timeout_s=60)
   for num_modules in sizes:
     for strategy in strategies.split(","):
       remote, initial = train("cluster", num_modules, strategy)

@@ -177,7 +177,7 @@ def test_missing_workers_are_named_after_a_bounded_wait():
   spec = cluster_lib.cluster_spec("127.0.0.1:1,127.0.0.1:2")
   with pytest.raises(ConnectionError, match=r"task 0 \(127.0.0.1:1\), "
                      r"task 1 \(127.0.0.1:2\) after 0.5 s"):
-    cluster_checks.wait_for_workers(spec, timeout_s=0.5)
+    cluster_lib.connect(spec, timeout_s=0.5)
 
 
 def _config(**fields):

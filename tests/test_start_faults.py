@@ -19,7 +19,7 @@ from tests import cluster_procs
 from tests import procfs
 from tests.binaries import ROOT, run_main
 from tf_interlock import cluster as cluster_lib
-from train import cluster_checks
+from tf_interlock import cluster_wait
 from train import runtime_env
 from train import stop_watchdog
 
@@ -56,7 +56,7 @@ def test_a_worker_answering_as_another_task_is_named():
   was started as (here: one worker reached under both addresses)."""
   status = b"\n3\n'/job:worker/replica:0/task:0/device:CPU:0\x12\x03CPU"
   with pytest.raises(ConnectionError) as e:
-    cluster_checks.check_identities(["127.0.0.1:5", "localhost:5"],
+    cluster_wait.check_identities(["127.0.0.1:5", "localhost:5"],
                                  {0: status, 1: status})
   assert str(e.value) == (
       "the cluster lists localhost:5 as task 1, but the same worker as task "
@@ -65,8 +65,8 @@ def test_a_worker_answering_as_another_task_is_named():
       "cluster=127.0.0.1:5,localhost:5")
   other = status.replace(b"task:0", b"task:1")
   with pytest.raises(ConnectionError, match="a worker started as --task=1"):
-    cluster_checks.check_identities(["a:1", "b:1"], {0: other, 1: status})
-  cluster_checks.check_identities(["a:1", "b:1"], {0: status, 1: other})
+    cluster_wait.check_identities(["a:1", "b:1"], {0: other, 1: status})
+  cluster_wait.check_identities(["a:1", "b:1"], {0: status, 1: other})
 
 
 @pytest.mark.cluster

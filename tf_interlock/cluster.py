@@ -25,6 +25,8 @@ import socket
 
 import tensorflow as tf
 
+from tf_interlock import cluster_wait
+
 JOB = "worker"
 
 
@@ -150,20 +152,23 @@ def module_workers(num_modules, num_workers, modules_per_worker=1):
   return [k // modules_per_worker for k in range(num_modules)]
 
 
-def connect(spec):
+def connect(spec, timeout_s=cluster_wait.DEFAULT_CONNECT_TIMEOUT_S):
   """Connects this (client) process to the cluster's workers.
 
   Once per process and before the first op that needs a worker. Returns
   the workers' device names, in task order. TF's connect has no timeout of
   its own: a worker that is missing, or a port where another program
-  answers, holds it. The binaries check every worker first, in one bounded
-  wait (`train.cluster_checks.wait_for_workers`).
+  answers, would hold it; every worker is checked first, in one bounded
+  wait (`cluster_wait.wait_for_workers`).
 
   Raises:
-    ConnectionError: when the client sees fewer workers than `spec` lists.
+    ConnectionError: naming the workers still missing (or not what their
+      address says) after `timeout_s`, or when the client sees fewer
+      workers than `spec` lists.
   """
   if len(worker_devices()) == spec.num_tasks(JOB):
     return worker_devices()  # connected already (a process connects once)
+  cluster_wait.wait_for_workers(spec, timeout_s)
   # A ClusterSpec, not a resolver: a resolver without a master address is
   # taken for a local run and silently ignored. make_master_device_default
   # =False keeps the client's own CPU the default device (there is no
@@ -178,7 +183,7 @@ def connect(spec):
         f"Received: cluster={','.join(spec.job_tasks(JOB))}")
   # A first op on every worker: where the cluster is not what its workers
   # were started with, TF waits here for good (a caller with a watchdog
-  # bounds it; train.cluster_checks refuses the cases it can see first).
+  # bounds it; cluster_wait refuses the cases it can see first).
   for device in devices:
     with tf.device(device):
       tf.identity(tf.constant(0)).numpy()

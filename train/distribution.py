@@ -10,6 +10,7 @@ import threading
 import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
+from tf_interlock import cluster_wait
 from train import cluster_checks
 from train import config as config_lib
 from train import multi_worker
@@ -90,7 +91,7 @@ def resolve_tpu(config):
   silent = [address for tasks in resolver.cluster_spec().as_dict().values()
             for address in (tasks.values() if isinstance(tasks, dict)
                             else tasks)
-            if not cluster_checks.reachable(address, TPU_CONNECT_TIMEOUT_S)]
+            if not cluster_wait.reachable(address, TPU_CONNECT_TIMEOUT_S)]
   if silent:
     config_lib.fail("tpu", config.devices.tpu, f"cannot reach the TPU: nothing "
                     f"accepts connections at {', '.join(silent)} within "
@@ -108,7 +109,7 @@ def connect_cluster(config):
   spec = cluster_lib.cluster_spec(config.devices.cluster)
   timeout_s = config.devices.cluster_timeout_s
   try:
-    cluster_checks.wait_for_workers(spec, timeout_s)  # bounded by itself
+    cluster_wait.wait_for_workers(spec, timeout_s)  # bounded by itself
     # TF's connect and first remote op have no timeout of their own.
     workers = ",".join(spec.job_tasks(cluster_lib.JOB))
     with stop_watchdog.bounded(timeout_s, f"connecting to the workers "

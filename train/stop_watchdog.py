@@ -254,7 +254,7 @@ def kept(facts):
 def answers(address, timeout_s):
   """None when `address` answers TF's WorkerService.GetStatus within
   timeout_s, else gRPC's status code name (DEADLINE_EXCEEDED: no answer).
-  The same request as `train.cluster_checks.worker_status`."""
+  The same request as `tf_interlock.cluster_wait.worker_status`."""
   import grpc  # pylint: disable=g-import-not-at-top
   with grpc.insecure_channel(address) as channel:
     call = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
