@@ -18,6 +18,7 @@ left aside, puts back) what it left. Every file operation goes through
 `tf.io.gfile`, so the directory may be local or a URL (gs://, ram://).
 """
 
+import errno
 import json
 import os
 import uuid
@@ -195,11 +196,14 @@ def _move_into_place(new_dir, export_dir):
 
   Raises:
     ValueError: another process wrote `export_dir` meanwhile.
+    OSError: the move failed otherwise (e.g. EBUSY: a mount point).
   """
   try:
     owned_dir.move(paths.parent(export_dir), new_dir, export_dir,
                    last=MARKER)
-  except OSError:
+  except OSError as e:
+    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+      raise  # not a race: a mount point (EBUSY), permissions, ...
     raise ValueError(
         f"export_dir={export_dir} was written by another process while "
         f"this export ran; nothing was replaced: export again into another "
