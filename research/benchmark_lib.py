@@ -384,6 +384,8 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted,
                   "examples_per_s": spec.config.run.batch_size / step}
+    if m > 1 and m in micro:  # The costs the cell's prediction used.
+      rows[name]["microbatch_costs_ms"] = costs_ms(micro[m])
     options = cell_options(name)
     rows[name].update(benchmark_memory.memory_row(
         trainer, (x, y), m, recompute=options["recompute"],
