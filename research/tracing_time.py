@@ -25,6 +25,7 @@ Usage:
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -75,8 +76,10 @@ _GRAPPLER = flags.DEFINE_list(
     "TF's defaults.")
 _LOOPS = flags.DEFINE_list(
     "loops", ["unrolled"], "How each strategy's call runs its steps, "
-    "comma-separated: unrolled (every step in the graph) and/or while (one "
-    "step traced, looped: tf_interlock.step_loop); each is one row.")
+    "comma-separated: unrolled (every step in the graph), while (one "
+    "step traced, looped: tf_interlock.step_loop) and/or whileU (blocks of "
+    "U steps looped, e.g. while4: ExecutionOptions(loop_block=U)); each is "
+    "one row.")
 _JIT = flags.DEFINE_boolean(
     "jit_compile", False, "Compile with XLA: the strategies' "
     "jit_compile=True (each module's functions on simulated devices), and "
@@ -122,15 +125,24 @@ def validate():
       config_lib.fail("strategies", name, f"{microbatches} microbatches "
                       f"must divide --batch_size={_BATCH.value}")
   for loop in _LOOPS.value + [_LOOP.value]:
-    if loop not in ("auto",) + step_loop.LOOPS:
+    if loop_options(loop) is None:
       config_lib.fail("loops", ",".join(_LOOPS.value),
                       "must be comma-separated values of auto, unrolled, "
-                      "while")
+                      "while, or whileU for an int U >= 1")
   for value in _OPTIMIZATIONS.value + [_OPTIMIZATION.value]:
     if value not in ("default", "light"):
       config_lib.fail("graph_optimizations", ",".join(_OPTIMIZATIONS.value),
                       "must be comma-separated values of default, light")
   grappler_options()
+
+
+def loop_options(value):
+  """{"loop": ..., "loop_block": U} of a --loops value, or None when bad:
+  "whileU" is a while loop over blocks of U steps."""
+  if value in ("auto",) + step_loop.LOOPS:
+    return {"loop": value, "loop_block": 1}
+  found = re.fullmatch(r"while([1-9][0-9]*)", value)
+  return found and {"loop": "while", "loop_block": int(found.group(1))}
 
 
 def grappler_options():
@@ -173,7 +185,7 @@ def time_strategy(s, name):
   num_modules = s.config.interlock.num_modules
   placement_lib.configure_simulated_devices(num_modules)
   placement = placement_lib.make_placement("simulated", num_modules)
-  options = ExecutionOptions(loop=_LOOP.value,
+  options = ExecutionOptions(**loop_options(_LOOP.value),
                              graph_optimization=_OPTIMIZATION.value)
   trainer = benchmark_lib.build_trainer(s, name, placement,
                                         jit_compile=_JIT.value,

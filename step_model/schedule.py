@@ -310,7 +310,7 @@ def contention_factor(slower_s, faster_s, together_s):
 
 
 def _run(template, num_modules, device_of, num_cores, threads, num_steps,
-         ops_per_device=1, contention=1.0):
+         ops_per_device=1, contention=1.0, loop_block=None):
   """List-schedules `num_steps` copies of the step template.
 
   Op id = step * len(template) + template index. Module k's ops run on
@@ -323,6 +323,10 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
     (start, finish, blocker): per op id, its start and finish time and the op
     that held it back last (a dep, the previous op on its device, or the op
     that freed a core; None at time 0).
+
+  loop_block: U, or None for unrolled steps: a graph loop over blocks of U
+  steps (`tf_interlock.step_loop`), where every op of step t with t mod U
+  = 0 also waits for every op of step t - 1 (the loop's barrier).
   """
   size = len(template)
   successors = [[] for _ in template]
@@ -332,8 +336,12 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
   forwards = [[i for i, op in enumerate(template)
                if op.kind == "F" and op.module == k]
               for k in range(num_modules)]
+  def barrier(t):
+    return bool(loop_block) and t > 0 and t % loop_block == 0
+
   waits = [len(op.deps) + (op.kind == "F" and t > 0)  # F_k waits U_k(t-1).
-           for t in range(num_steps) for op in template]
+           + barrier(t) for t in range(num_steps) for op in template]
+  left = [size] * num_steps  # Per step, its ops not yet finished.
   num_devices = max(device_of) + 1
   queues = [[] for _ in range(num_devices)]  # Per device: (priority, op id).
   ready_at, ready_by = {}, {}
@@ -407,6 +415,9 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
       nexts = [t * size + j for j in successors[i]]
       if template[i].kind == "U" and t + 1 < num_steps:
         nexts += [(t + 1) * size + j for j in forwards[template[i].module]]
+      left[t] -= 1
+      if not left[t] and t + 1 < num_steps and barrier(t + 1):
+        nexts += [(t + 1) * size + j for j in range(size)]
       for n in nexts:
         waits[n] -= 1
         if not waits[n]:
@@ -431,7 +442,8 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
              num_cores=None, num_steps=48, has_aux=None, threads_per_device=1,
              module_devices=None, thread_efficiency=1.0,
              transfers=None, microbatch_costs=None,
-             ops_per_device=1, contention=1.0) -> ScheduleResult:
+             ops_per_device=1, contention=1.0,
+             loop_block=None) -> ScheduleResult:
   """Simulates `num_steps` training steps and measures the steady state.
 
   Another num_steps // 2 steps run after them, so that the measured second
@@ -465,6 +477,9 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
     contention: c >= 1, how much slower each of two ops runs when they run
       at once than alone (`slowdown`; `research.concurrency_probe` measures
       it per network). 1: ops on different cores do not slow each other.
+    loop_block: U >= 1 for a training call that loops blocks of U steps
+      (`ExecutionOptions.loop_block`): the first op of each block waits for
+      every op of the block before. None (default): unrolled steps.
 
   Returns:
     A `ScheduleResult` (utilization and device_load per device).
@@ -482,6 +497,8 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       isinstance(contention, (int, float)) and 1.0 <= contention < math.inf):
     raise ValueError(f"contention must be a number >= 1. "
                      f"Received: contention={contention!r}")
+  if loop_block is not None:
+    _check_count("loop_block", loop_block, 1)
   speedup = thread_speedup(threads_per_device, thread_efficiency)
   device_of = _check_devices(module_devices, num_modules)
   num_devices = max(device_of) + 1
@@ -518,7 +535,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   size = len(template)
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
-      num_steps + num_steps // 2, ops_per_device, contention)
+      num_steps + num_steps // 2, ops_per_device, contention, loop_block)
 
   done = [max(finish[t * size + i] for i in range(size))
           for t in range(num_steps)]

@@ -22,6 +22,10 @@ from tf_interlock.trainer import InterlockTrainer
     ({"min_traced_calls": True}, r"Received: min_traced_calls=True$"),
     ({"min_traced_calls": 2.0}, r"Received: min_traced_calls=2.0$"),
     ({"data_autotune": "yes"}, r"Received: data_autotune='yes'$"),
+    ({"loop_block": 0}, r"Received: loop_block=0$"),
+    ({"loop_block": 2.0}, r"Received: loop_block=2.0$"),
+    ({"loop": "unrolled", "loop_block": 4},
+     r"Received: loop_block=4, loop='unrolled'$"),
 ])
 def test_a_bad_value_is_one_line_naming_it(kwargs, match):
   with pytest.raises(ValueError, match=match) as info:
@@ -31,7 +35,8 @@ def test_a_bad_value_is_one_line_naming_it(kwargs, match):
 
 def test_defaults_and_frozen():
   options = ti.ExecutionOptions()
-  assert options == ExecutionOptions(loop="auto", graph_optimization="auto",
+  assert options == ExecutionOptions(loop="auto", loop_block=1,
+                                     graph_optimization="auto",
                                      min_traced_calls=4, data_autotune=False)
   with pytest.raises(dataclasses.FrozenInstanceError):
     options.loop = "while"

@@ -21,7 +21,7 @@ K = 3
 
 
 def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
-             num_modules=K):
+             num_modules=K, block=1):
   x, y = helpers.batch(size=8)
   trainer = InterlockTrainer(
       helpers.mlp_modules(num_modules, batch_norm=True),
@@ -29,7 +29,7 @@ def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
       loss_fn=helpers.cross_entropy,
       placement=placement_lib.make_placement("simulated", num_modules),
       steps_per_loop=steps_per_loop, num_microbatches=microbatches,
-      options=ExecutionOptions(loop=loop))
+      options=ExecutionOptions(loop=loop, loop_block=block))
   trainer.step.functions.traced = traced
   trainer.build(x)
   # Different batches every step: the loop must take them in order.
@@ -46,7 +46,8 @@ _Run = collections.namedtuple(
 
 
 @functools.lru_cache(maxsize=None)
-def _run(loop, strategy, microbatches, traced, steps_per_loop, num_modules):
+def _run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
+         block=1):
   """One trainer's calls of `steps_per_loop`, `steps_per_loop` and 2 steps:
   their metrics, the weights after build and after the calls, and the
   trainer and its iterator (to look at the loop functions' graphs).
@@ -57,7 +58,7 @@ def _run(loop, strategy, microbatches, traced, steps_per_loop, num_modules):
   """
   trainer, iterator = _trainer(loop, strategy, microbatches,
                                steps_per_loop=steps_per_loop, traced=traced,
-                               num_modules=num_modules)
+                               num_modules=num_modules, block=block)
   built = helpers.weights(trainer.modules)
   metrics = [trainer.train_loop(iterator) for _ in range(2)]
   metrics.append(trainer.train_loop(iterator, num_steps=2))
@@ -124,10 +125,11 @@ def test_looped_graph_holds_one_step():
   types = {loop: [op.type for op in g.get_operations()]
            for loop, g in graphs.items()}
   assert "While" in types["while"] and "While" not in types["unrolled"]
-  # The unrolled graph reads four batches; the looped one reads the first
-  # batch outside the loop and the others in its body (another graph).
+  # The unrolled graph reads four batches; the looped one calls a block of
+  # one step (another graph) in its body.
   assert types["unrolled"].count("IteratorGetNext") == 4
-  assert types["while"].count("IteratorGetNext") == 1
+  assert types["while"].count("IteratorGetNext") == 0
+  assert _batches_per_block(graphs["while"]) == [1]
   assert len(types["while"]) < len(types["unrolled"]) / 3
   # The cost (step_loop's docstring): the body's loop variables wait, by
   # control edges, for the step's call (every stateful op of the step), so
@@ -139,6 +141,15 @@ def test_looped_graph_holds_one_step():
   waits += [c for op in waits if op.type == "NoOp"
             for c in op.control_inputs]
   assert any(c.type == "StatefulPartitionedCall" for c in waits), waits
+
+
+def _batches_per_block(graph):
+  """The batches each function of `graph`'s library reads, for those that
+  read any, sorted: the steps of each block a loop calls."""
+  library = graph.as_graph_def().library.function
+  counts = [sum(node.op == "IteratorGetNext" for node in f.node_def)
+            for f in library]
+  return sorted(c for c in counts if c)
 
 
 def test_one_step_per_call_runs_no_loop():
@@ -174,3 +185,25 @@ def test_auto_loops_where_steps_have_no_slack():
       "e2e"), 4) == "unrolled"
   with pytest.raises(ValueError, match=r"Received: loop='scan'"):
     step_loop.resolve_loop("scan", strategy_lib.parse_strategy("e2e"), 4)
+
+
+@pytest.mark.parametrize("strategy,num_modules", [("local", 2), ("2wise", 3)])
+def test_blocks_of_steps_equal_unrolled_bit_for_bit(strategy, num_modules):
+  # 5 steps a call in blocks of 2: two iterations, then one block of the
+  # remaining step; then a call of 2 steps (one block, no loop).
+  want, _, want_w, _, _ = _run("unrolled", strategy, 1, False, 5, num_modules)
+  got, built, got_w, trainer, iterator = _run("while", strategy, 1, False, 5,
+                                              num_modules, block=2)
+  for a, b in zip(got_w, want_w):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, b) for a, b in zip(got_w, built))
+  for a, b in zip(got, want):
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
+                               rtol=3e-7)
+  graph = trainer.loop_function(5).get_concrete_function(iterator).graph
+  assert [op.type for op in graph.get_operations()].count("While") == 1
+  assert _batches_per_block(graph) == [1, 2]
+  two = trainer.loop_function(2).get_concrete_function(iterator).graph
+  assert "While" not in [op.type for op in two.get_operations()]
+  assert _batches_per_block(two) == [2]

@@ -31,6 +31,11 @@ class ExecutionOptions:
       process and one replica (no overlap across steps to lose), else
       "unrolled". Measured: docs/results/tracing/firstcall.md (first call,
       e2e ResNet-20, K = 2, 8 steps: 12.0 -> 4.1 CPU-s, light both).
+    loop_block: U >= 1, the steps one iteration of a "while" loop runs,
+      written out one after another (`step_loop`): the first call traces U
+      steps, and modules overlap across the steps of a block, not across
+      blocks. Default 1. Local and n-wise with n < K trade first-call time
+      against steady step time with it: docs/results/tracing/blocks.md.
     graph_optimization: the training call's graph optimisation. "light":
       the lighter rewriter config of `tf_private.light_graph_optimization`;
       "default": TF's own; "auto" (default): light where every module runs
@@ -53,6 +58,7 @@ class ExecutionOptions:
   """
 
   loop: str = "auto"
+  loop_block: int = 1
   graph_optimization: str = "auto"
   min_traced_calls: int = 4
   data_autotune: bool = False
@@ -61,6 +67,14 @@ class ExecutionOptions:
     if self.loop not in LOOPS:
       raise ValueError(f"loop must be one of {LOOPS}. "
                        f"Received: loop={self.loop!r}")
+    block = self.loop_block
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+      raise ValueError(f"loop_block must be an int >= 1. "
+                       f"Received: loop_block={block!r}")
+    if block > 1 and self.loop == "unrolled":
+      raise ValueError(f"loop_block > 1 runs a while loop; loop='unrolled' "
+                       f"writes every step out. Received: loop_block={block}"
+                       f", loop='unrolled'")
     if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
       raise ValueError(
           f"graph_optimization must be one of {GRAPH_OPTIMIZATIONS}. "

@@ -1,28 +1,30 @@
-"""The training call's steps as a graph loop: one step traced, looped.
+"""The training call's steps as a graph loop: U steps traced, looped.
 
 `InterlockTrainer.train_loop` runs `steps_per_loop` steps in one
-`tf.function`. Unrolled (the default), the Python loop writes every step into
-the graph: the first call traces, optimises and instantiates `steps_per_loop`
-copies of the step. Here the step is one `tf.function`, traced once, and a
-`tf.while_loop` calls it `steps_per_loop - 1` more times after a first call
-outside the loop (whose metrics give the loop's accumulators their
-structure): the first call's tracing and graph are one step's, whatever
-`steps_per_loop` is.
+`tf.function`. Unrolled, the Python loop writes every step into the graph:
+the first call traces, optimises and instantiates `steps_per_loop` copies
+of the step. Here a block of U steps (`ExecutionOptions.loop_block`,
+default 1) is one `tf.function`, traced once, and a `tf.while_loop` calls it
+`steps_per_loop // U` times: the first call's tracing and graph are U
+steps' (plus one block of the remainder), whatever `steps_per_loop` is.
 
 The weights are the unrolled loop's, bit for bit (tests/test_step_loop.py):
-the same step function runs on the same batches in the same order. The
-reported means (the per-step metrics summed in the same order, divided by
-`num_steps` once) may differ in their last bit: TF's graph optimiser
-rewrites the two graphs' arithmetic differently.
+the same steps run on the same batches in the same order. The reported
+means (the per-step metrics summed, divided by `num_steps` once) may
+differ in their last bit: the sums are taken in another order, and TF's
+graph optimiser rewrites the two graphs' arithmetic differently.
 
 What it costs: TF's automatic control dependencies make the loop body's
 returned loop variables wait for every stateful op of the iteration (this
 orders one iteration's variable reads and writes before the next's), so
-iteration t + 1 starts once all of step t is done. Module k of step t + 1
-can then no longer start while later modules still work on step t, the
-overlap the unrolled graph gives (see `trainer`). `resolve_loop` loops only
-where the steps have no such slack; docs/results/tracing/firstcall.md
-measures what the loop saves on the first call.
+iteration i + 1 starts once all of iteration i's steps are done. Module k
+of the block's first step can then no longer start while later modules
+still work on the step before, the overlap the unrolled graph gives (see
+`trainer`); inside a block of U > 1 steps the overlap stays. `resolve_loop`
+loops only where the steps have no such slack, unless asked;
+docs/results/tracing/firstcall.md measures what the loop saves on the
+first call, and docs/results/tracing/blocks.md what a block of U steps
+keeps of the overlap.
 """
 
 import tensorflow as tf
@@ -68,42 +70,64 @@ def resolve_loop(loop, strategy, num_modules, one_process=True,
   return loop
 
 
-def make_while_loop(step, num_steps, before_trace):
+def make_while_loop(run_steps, num_steps, before_trace, block=1):
   """A `tf.function(iterator) -> mean metrics` over `num_steps` steps.
 
+  Each iteration of the `tf.while_loop` runs one block of `block` = U
+  steps, written out one after another into one `tf.function` (traced once,
+  called by every iteration): inside a block, module k of step t + 1 may
+  run while later modules still work on step t, as in the unrolled graph;
+  at the block's end every module waits (the loop's barrier, above). U = 1
+  is one step traced, looped. When U does not divide `num_steps`, the last
+  r = num_steps mod U steps are one more block of r steps, traced once.
+
   Args:
-    step: `step(features, labels) -> {name: scalar tensor}`, one training
-      step on every replica (the trainer's `_step_metrics`, or its XLA
-      program); wrapped here in a `tf.function` unless it is one.
+    run_steps: `run_steps(iterator, n) -> {name: scalar tensor}`, the sums
+      of `n` training steps' metrics, each step taking its batch from
+      `iterator` (the trainer's steps, written out one after another).
     num_steps: steps per call (>= 1).
-    before_trace: called with the number of times the traced graph calls
-      the step (1) while the loop is traced (the trainer's per-module
-      functions choose op by op or traced from it).
+    before_trace: called with the number of steps a traced block holds
+      before it is traced (the trainer's per-module functions choose op by
+      op or traced from it).
+    block: U >= 1, the steps of one iteration.
 
   Returns:
     The loop `tf.function`.
   """
-  if not isinstance(step, tf.types.experimental.GenericFunction):
-    # autograph=False: the step is plain dataflow, as in the unrolled loop.
-    step = tf.function(step, autograph=False)
+  full, rest = divmod(num_steps, block)
+
+  def make_block(n):
+    def run(iterator):
+      before_trace(n)
+      return run_steps(iterator, n)
+    # autograph=False: the steps are plain dataflow, as in the unrolled loop.
+    return tf.function(run, autograph=False)
+
+  blocks = make_block(block) if full else None
+  last = make_block(rest) if rest else None
 
   def loop(iterator):
-    before_trace(1)
-    features, labels = next(iterator)
-    first = step(features, labels)
-    if num_steps == 1:
-      return first
-    keys = sorted(first)
+    totals = last(iterator) if last is not None else None
+    if full == 1 and totals is None:  # One block: no loop.
+      totals = blocks(iterator)
+    elif full == 1:
+      totals = {key: value + totals[key]
+                for key, value in blocks(iterator).items()}
+    elif blocks is not None:
+      # The sums start at zero, in the structure the block returns.
+      outputs = blocks.get_concrete_function(iterator).structured_outputs
+      keys = sorted(outputs)
+      start = tuple(tf.zeros(outputs[key].shape, outputs[key].dtype)
+                    if totals is None else totals[key] for key in keys)
 
-    def body(i, *totals):
-      features, labels = next(iterator)
-      metrics = step(features, labels)
-      return (i + 1,) + tuple(t + metrics[key]
-                              for t, key in zip(totals, keys))
+      def body(i, *sums):
+        metrics = blocks(iterator)
+        return (i + 1,) + tuple(s + metrics[key]
+                                for s, key in zip(sums, keys))
 
-    _, *totals = tf.while_loop(
-        lambda i, *_: i < num_steps, body,
-        (tf.constant(1),) + tuple(first[key] for key in keys))
-    return {key: t / num_steps for key, t in zip(keys, totals)}
+      _, *sums = tf.while_loop(lambda i, *_: i < full, body,
+                               (tf.constant(0),) + start)
+      totals = dict(zip(keys, sums))
+    return {key: value / num_steps for key, value in totals.items()}
 
   return tf.function(loop, autograph=False)

@@ -431,18 +431,13 @@ class InterlockTrainer:
     kind = step_loop.resolve_loop(self.options.loop, self.strategy,
                                   self.num_modules, self.placement.one_process,
                                   replicas)
-    if kind == "while":
-      # One step traced, looped (`step_loop`).
-      return step_loop.make_while_loop(
-          step, num_steps, lambda calls: self.step.functions.tracing_loop(
-              calls * self.num_microbatches))
 
-    def loop(iterator):
-      # Runs while tracing: per-module functions only where this loop calls
-      # each one often enough to pay for tracing it (`module_functions`).
-      self.step.functions.tracing_loop(num_steps * self.num_microbatches)
+    def run_steps(iterator, n):
+      # The sums of n steps' metrics, the steps written out one after
+      # another: module k of step t + 1 can run while later modules still
+      # work on step t.
       totals = None
-      for _ in range(num_steps):
+      for _ in range(n):
         features, labels = next(iterator)
         if self.step.memory_lean and totals is not None:
           # The step before is done (its metrics hold every module's
@@ -451,10 +446,22 @@ class InterlockTrainer:
         metrics = step(features, labels)
         totals = metrics if totals is None else {
             key: totals[key] + metrics[key] for key in totals}
+      return totals
+
+    if kind == "while":
+      # U steps traced, looped (`step_loop`).
+      return step_loop.make_while_loop(
+          run_steps, num_steps, lambda steps: self.step.functions.tracing_loop(
+              steps * self.num_microbatches), self.options.loop_block)
+
+    def loop(iterator):
+      # Runs while tracing: per-module functions only where this loop calls
+      # each one often enough to pay for tracing it (`module_functions`).
+      self.step.functions.tracing_loop(num_steps * self.num_microbatches)
+      totals = run_steps(iterator, num_steps)
       return {key: value / num_steps for key, value in totals.items()}
     # autograph=False: the Python loops over steps and modules are meant to
-    # unroll into one dataflow graph, in which module k of step t + 1 can
-    # run while later modules still work on step t.
+    # unroll into one dataflow graph.
     return tf.function(loop, autograph=False)
 
   def loop_function(self, num_steps):

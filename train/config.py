@@ -208,6 +208,8 @@ def _check_numbers(config):
   if placement.loop_on_host:  # TPUStrategy's iterator is not counted
     check_number("steps_per_loop", config.run.steps_per_loop, minimum=1,
                  maximum=MAX_GET_NEXT_CALLS, integer=True)
+  check_number("loop_block", config.run.loop_block, minimum=1,
+               maximum=config.run.steps_per_loop, integer=True)
   for name in ("threads_per_device", "modules_per_device"):
     value = config.get(name)
     check_number(name, value, minimum=0, integer=True)

@@ -24,6 +24,7 @@ from tf_interlock import losses
 from tf_interlock import metric_names
 from tf_interlock import paths
 from tf_interlock import placement as placement_lib
+from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
 from train import actions as actions_lib
 from train import checkpoint_match
@@ -152,10 +153,19 @@ def build(config):
       config.interlock.strategy, variant=config.interlock.variant, distribute=distribute,
       placement=placement, steps_per_loop=config.run.steps_per_loop,
       num_microbatches=config.interlock.num_microbatches, replicas=replicas,
-      jit_compile=config_lib.jit_compile_value(config))
+      jit_compile=config_lib.jit_compile_value(config),
+      options=execution_options(config))
   sample = next(iter(task.train.take(1)))[0]
   trainer.build(sample)
   return trainer, task, steps
+
+
+def execution_options(config):
+  """The trainer's `ExecutionOptions`: --loop_block > 1 loops blocks of
+  that many steps; 1 keeps the library's default loop."""
+  block = config.run.loop_block
+  return ExecutionOptions(loop="while" if block > 1 else "auto",
+                          loop_block=block)
 
 
 def check_run(config, run):
