@@ -16,9 +16,9 @@ from train import multi_worker
 
 
 def simulated_plan(config):
-  """The `ThreadingPlan` of a placement that splits the host CPU
-  (its runtime's `splits_host_cpu`: "simulated"): logical devices, threads per op, and
-  which device each module is on.
+  """The `ThreadingPlan` of a placement that splits the host CPU (its
+  runtime's `splits_host_cpu`: "simulated"): logical devices, threads per
+  op, and which device each module is on.
 
   A field set to 0 is chosen by the schedule model from nominal module costs
   for this host's cores (`step_model.plan_for`); the default, 1 and 1,
