@@ -42,6 +42,7 @@ from research import benchmark_lib  # noqa: E402
 from research import host_reference  # noqa: E402
 from train import error_boundary  # noqa: E402
 from train import config as config_lib  # noqa: E402
+from train import placement_runtime  # noqa: E402
 from train import run_dir  # noqa: E402
 
 _MODEL = flags.DEFINE_string(
@@ -140,8 +141,8 @@ def validate():
   # The placements of one process that needs no cluster or TPU.
   config_lib.check_choice("placement", _PLACEMENT.value, tuple(
       name for name in placement_lib.names()
-      if not (placement_lib.get(name).needs_cluster or
-              placement_lib.get(name).needs_tpu)))
+      if not (placement_runtime.of(name).needs_cluster or
+              placement_runtime.of(name).needs_tpu)))
   config_lib.check_choice("role", _ROLE.value,
                           ("main", "worker", "baseline", "profile"))
   for flag in (_NUM_MODULES, _BATCH, _STEPS, _STEPS_PER_LOOP, _WIDTH,
@@ -334,7 +335,7 @@ def main_report():
   baseline = run_child(role="baseline") if _BASELINE.value else {}
   plain = baseline.get("plain_keras_step_s")
   results, runs_out = {}, []
-  if placement_lib.get(_PLACEMENT.value).splits_host_cpu:
+  if placement_runtime.of(_PLACEMENT.value).splits_host_cpu:
     plans, runs = simulated_runs(strategies, cores)
     for plan, run in runs.items():
       rows = run["strategies"]
@@ -368,7 +369,7 @@ def main(argv):
       report = baseline_report()
     elif _ROLE.value in ("worker", "profile"):
       plan = None
-      if placement_lib.get(_PLACEMENT.value).splits_host_cpu:
+      if placement_runtime.of(_PLACEMENT.value).splits_host_cpu:
         plan = threading_plan.make_plan(
             _NUM_MODULES.value,
             _NUM_MODULES.value // (_MODULES_PER_DEVICE.value or 1),

@@ -33,9 +33,9 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from tf_interlock import placement as placement_lib
 from train import config as config_lib
 from train import error_boundary
+from train import placement_runtime
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", "runs/device_check", "Folder device_check.json and "
@@ -102,7 +102,7 @@ def case_args(case, strategies):
   k = case["num_modules"]
   # One device per module, one intra-op thread each: no threading plan.
   plan = (["--threads_per_device=1", "--modules_per_device=1"]
-          if placement_lib.get(case["placement"]).splits_host_cpu else [])
+          if placement_runtime.of(case["placement"]).splits_host_cpu else [])
   return ["--json", "--model=mlp", f"--num_modules={k}",
           f"--placement={case['placement']}", f"--num_cores={k}", *plan,
           "--nofit", f"--width={width}", f"--batch_size={batch}",

@@ -174,7 +174,7 @@ def _one_device_per_module(name):
   """Whether the recorded placement gave each module its own device (one
   core per module when op costs were measured)."""
   return (name in placement_lib.names() and
-          placement_lib.get(name).one_device_per_module)
+          placement_lib.get(name).replica_device_type is not None)
 
 
 def _ms(seconds):

@@ -35,6 +35,7 @@ import tensorflow as tf
 import tf_interlock as ti
 from tf_interlock import metric_names
 from step_model import profiling
+from train import placement_runtime
 from train import run_dir as run_dir_lib
 from train import run_lock
 from research import legacy_heads
@@ -184,7 +185,7 @@ def main(argv):
   spec = json.loads(_CELL.value)
   os.environ[user_study.IN_CELL] = spec["mode"]
   # Before the first tensor: the devices and thread pools of the placement.
-  ti.placement.get(spec["placement"]).configure_devices(
+  placement_runtime.of(spec["placement"]).configure_devices(
       spec["num_modules"], intra_op_threads=spec["threads_per_device"])
   try:
     model, train, evaluation = build(spec)

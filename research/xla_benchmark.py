@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
 from train import error_boundary  # noqa: E402
+from train import placement_runtime  # noqa: E402
 
 _ROLE = flags.DEFINE_string(
     "role", "main", "main (runs the children), strategies or keras (one "
@@ -75,7 +76,7 @@ def child_report():
     return {"keras": benchmark_lib.run_plain_keras(spec, _JIT.value)}
   placement = _PLACEMENT.value
   # Before the TF runtime starts: "simulated" splits the host CPU.
-  placement_lib.get(placement).configure_devices(_NUM_MODULES.value)
+  placement_runtime.of(placement).configure_devices(_NUM_MODULES.value)
   times = {}
   for name in _STRATEGIES.value:
     _, seconds = benchmark_lib.run_strategy(

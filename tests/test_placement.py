@@ -48,6 +48,43 @@ def test_modules_share_devices_as_asked():
     placement_lib.make_placement("simulated", K, module_devices=(0, 1, 2, 4))
 
 
+# What only the binaries set up before the runtime starts (their strategy,
+# devices, cluster or TPU): train/placement_runtime.py, not the library.
+RUNTIME_ONLY = ("prepare_runtime", "configure_devices", "missing_devices",
+                "strategy", "splits_host_cpu", "needs_cluster", "needs_tpu",
+                "loop_on_host", "data_parallel", "traced",
+                "one_device_per_module")
+
+
+def test_placements_answer_only_what_the_trainer_asks():
+  carried = {name: [a for a in RUNTIME_ONLY
+                    if hasattr(placement_lib.get(name), a)]
+             for name in placement_lib.names()}
+  assert carried == {name: [] for name in placement_lib.names()}
+  questions = {}
+  for name in placement_lib.KINDS:
+    cls = placement_lib.get(name)
+    questions[name] = (cls.one_process, cls.xla_unit, cls.replica_device_type)
+  assert questions == {"single": (True, "replica_step", None),
+                       "simulated": (True, "module", "CPU"),
+                       "gpu": (True, "module", "GPU"),
+                       "tpu": (False, None, None),
+                       "cluster": (False, "module", None)}
+
+
+def test_only_a_tpu_strategy_compiles_the_step():
+  default = tf.distribute.get_strategy()
+  for name in ("single", "simulated"):
+    placement = placement_lib.make_placement(name, K, default)
+    assert not placement.compiles_step(default), name
+  tpu = placement_lib.Placement("tpu", distribute=default)
+  assert tpu.compiles_step(default)
+  # TPUs compute in bfloat16: mixed_float16 is refused on one.
+  with pytest.raises(ValueError, match="policy=mixed_float16"):
+    tpu.check_trainer(default, float16=True)
+  placement_lib.make_placement("single", K).check_trainer(default, True)
+
+
 def test_threads_that_cannot_be_applied_raise():
   # The test runtime has started with TF's default intra-op pool.
   with pytest.raises(RuntimeError, match="intra_op_threads=2"):

@@ -45,20 +45,20 @@ import functools
 import tensorflow as tf
 
 from tf_interlock import execution_options
-from tf_interlock import placement as placement_lib
 from tf_interlock import tf_private
 
 # Which placements trace each module's body and update once is the
-# placement's `traced`: one process under the default strategy. TPU (logical
-# cores assigned while the replica function is traced) and the cluster's
-# remote devices keep the op-by-op path they were written and checked with.
+# placement's `one_process`: every module in this process on CPU or GPU.
+# TPU (logical cores assigned while the replica function is traced) and the
+# cluster's remote devices keep the op-by-op path they were written and
+# checked with.
 #
 # Which compile each per-module function as one XLA program under
 # `jit_compile` is its `xla_unit` "module": one function may touch only its
 # module's variables, on its module's device (XLA refuses a resource on
 # another device). "single" compiles the whole replica step instead
-# ("replica_step"), "tpu" is compiled by `TPUStrategy.run` itself
-# ("strategy").
+# ("replica_step"); under a TPUStrategy `TPUStrategy.run` compiles it
+# itself (the placement's `compiles_step`).
 
 JIT_COMPILE_ALLOWED = "True, False or 'auto'"
 
@@ -122,7 +122,7 @@ class ModuleFunctions:
   Args:
     modules: the K `InterlockModule`s, in depth order.
     placement: the `placement.Placement`; the work is traced only where
-      its `traced` is true.
+      its `one_process` is true.
     min_calls: a loop that calls each function fewer times runs op by op.
 
   Attributes:
@@ -138,7 +138,7 @@ class ModuleFunctions:
 
   def __init__(self, modules, placement, min_calls=MIN_CALLS):
     self.modules = list(modules)
-    self.traced = placement.traced
+    self.traced = placement.one_process
     self.jit_compile = False
     self.min_calls = min_calls
     self.calls = min_calls
@@ -201,9 +201,9 @@ def resolve_jit_compile(jit_compile, placement, distribute):
     distribute: the trainer's `tf.distribute.Strategy`.
 
   Returns:
-    The resolved bool: always True for a placement that runs only XLA
-    (`xla_unit == "strategy"`: "tpu", whose `TPUStrategy.run` compiles
-    every replica step).
+    The resolved bool: always True where the strategy compiles every
+    replica step itself (`placement.compiles_step(distribute)`: "tpu", or
+    any placement under a TPUStrategy).
 
   Raises:
     ValueError: an unknown value, jit_compile=False with placement "tpu", or
@@ -213,8 +213,7 @@ def resolve_jit_compile(jit_compile, placement, distribute):
   if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
     raise ValueError(f"jit_compile must be {JIT_COMPILE_ALLOWED}. "
                      f"Received: jit_compile={jit_compile!r}")
-  if (placement.xla_unit == "strategy"
-      or placement_lib.TpuPlacement.compiles_step(distribute)):
+  if placement.compiles_step(distribute):
     if jit_compile is False:
       raise ValueError(
           "A TPU runs only XLA programs: TPUStrategy.run compiles the "

@@ -188,10 +188,10 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
   """Joins the cluster; returns this process's replicas and placement.
 
   Call it first, before any other TF op: collective ops can only be
-  configured before the runtime starts. For "simulated" it also splits the
-  host CPU into K logical devices (as `configure_simulated_devices`). Every
-  task of the cluster (its "chief" and "worker" jobs, chief first) is one
-  replica.
+  configured before the runtime starts. Where module k goes on logical CPU
+  k ("simulated") it also splits the host CPU into K logical devices (as
+  `configure_simulated_devices`). Every task of the cluster (its "chief"
+  and "worker" jobs, chief first) is one replica.
 
   Args:
     resolver: a `tf.distribute.cluster_resolver.ClusterResolver`; None reads
@@ -200,8 +200,8 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
     kind: a placement whose `replica_device_type` is set: "simulated"
       (logical CPU k) or "gpu" (GPU k).
     timeout_s: see `CollectiveReplicas`.
-    intra_op_threads: threads each op may use, where the placement splits
-      the host CPU ("simulated").
+    intra_op_threads: threads each op may use, where the host CPU is split
+      ("simulated").
 
   Returns:
     `(replicas, placement, strategy)`: the `CollectiveReplicas`, the
@@ -227,8 +227,10 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
   if me not in tasks:
     raise ValueError(f"This task is not in the cluster {tasks}. "
                      f"Received: task={me}")
+  device_type = placement_cls.replica_device_type
   try:
-    placement_cls.prepare_runtime(num_modules, intra_op_threads)
+    if device_type == "CPU":  # K logical CPUs, as the placement needs
+      placement_lib.split_host_cpu(num_modules, intra_op_threads)
   except RuntimeError as e:
     raise RuntimeError(
         f"replicas.connect must run before the TF runtime starts (before "
@@ -236,7 +238,6 @@ def connect(resolver=None, num_modules=1, kind="simulated", timeout_s=None,
         f"{num_modules}") from e
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       cluster_resolver=resolver)
-  device_type = placement_cls.replica_device_type
   devices = [f"/job:{me[0]}/replica:0/task:{me[1]}/device:"
              f"{device_type}:{k}" for k in range(num_modules)]
   found = [d.name for d in tf.config.list_logical_devices(device_type)]

@@ -208,7 +208,7 @@ class InterlockTrainer:
     if self.jit_compile and self.placement.xla_unit == "module":
       self.step.functions.compile_each()
     elif (self.jit_compile and self.placement.xla_unit == "replica_step"
-          and not placement_lib.TpuPlacement.compiles_step(self.distribute)):
+          and not self.placement.compiles_step(self.distribute)):
       self._compile_step = True
       self.step.functions.traced = False
 

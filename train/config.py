@@ -21,6 +21,7 @@ from tf_interlock import cluster as cluster_lib
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
 from train import config_fields
+from train import placement_runtime
 
 # The declarations and the choices they allow (train/config_fields.py).
 Config = config_fields.Config
@@ -80,6 +81,11 @@ def placement_of(config):
   """The placement class --placement names (its name checked first)."""
   check_choice("placement", config.devices.placement, placement_lib.names())
   return placement_lib.get(config.devices.placement)
+
+
+def runtime_of(config):
+  """What the binaries set up for --placement (`placement_runtime`)."""
+  return placement_runtime.of(placement_of(config))
 
 
 def check_choice(flag, value, allowed):
@@ -204,8 +210,8 @@ def _check_numbers(config):
   for name in ("epochs", "time_budget_s"):
     check_positive(name, config.get(name), allow_none=True)
   check_positive("learning_rate", config.optim.learning_rate)
-  placement = placement_of(config)
-  if placement.loop_on_host:  # TPUStrategy's iterator is not counted
+  runtime = runtime_of(config)
+  if not runtime.needs_tpu:  # TPUStrategy's iterator is not counted
     check_number("steps_per_loop", config.run.steps_per_loop, minimum=1,
                  maximum=MAX_GET_NEXT_CALLS, integer=True)
   check_number("loop_block", config.run.loop_block, minimum=1,
@@ -213,7 +219,7 @@ def _check_numbers(config):
   for name in ("threads_per_device", "modules_per_device"):
     value = config.get(name)
     check_number(name, value, minimum=0, integer=True)
-    if value != 1 and not placement.splits_host_cpu:
+    if value != 1 and not runtime.splits_host_cpu:
       fail(name, value, f"applies only to placement=simulated (placement="
            f"{config.devices.placement} uses the devices as they are); "
            "leave it 1")
@@ -288,7 +294,7 @@ def _check_cluster(config):
   check_positive("modules_per_worker", config.devices.modules_per_worker,
                  integer=True)
   check_positive("cluster_timeout_s", config.devices.cluster_timeout_s)
-  if not placement_of(config).needs_cluster:
+  if not runtime_of(config).needs_cluster:
     for name, unset in (("cluster", None), ("modules_per_worker", 1)):
       if config.get(name) != unset:
         fail(name, config.get(name), "applies only to "
@@ -368,11 +374,11 @@ def validate(config, num_replicas=1):
   _check_length(config)
   _check_split(config)
   check_batch(config, num_replicas)
-  placement = placement_of(config)
-  if placement.needs_tpu and not config.devices.tpu:
+  needs_tpu = runtime_of(config).needs_tpu
+  if needs_tpu and not config.devices.tpu:
     fail("tpu", config.devices.tpu, f"placement={config.devices.placement} "
          "needs --tpu (name or grpc://)")
-  if placement.xla_unit == "strategy" and config.devices.jit_compile == "false":
+  if needs_tpu and config.devices.jit_compile == "false":
     fail("jit_compile", config.devices.jit_compile,
          f"placement={config.devices.placement} always compiles with XLA "
          "(a TPU runs only XLA programs); use auto or true")

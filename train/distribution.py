@@ -29,8 +29,8 @@ def num_replicas(config):
   (cores / K) is known once connected: None there, and `make_distribute`
   checks the batch then, still before anything is written.
   """
-  placement = config_lib.placement_of(config)
-  if not placement.loop_on_host:  # a TPU: replicas known once connected
+  runtime = config_lib.runtime_of(config)
+  if runtime.needs_tpu:  # replicas known once connected
     return None
   gpus = tf.config.list_physical_devices("GPU")
   if multi_worker.mode(config) == "replicas":
@@ -39,7 +39,7 @@ def num_replicas(config):
     return multi_worker.num_tasks() * max(1, len(gpus))
   # make_distribute mirrors a data-parallel placement ("single") over every
   # GPU.
-  return len(gpus) if placement.data_parallel and len(gpus) > 1 else 1
+  return len(gpus) if runtime.data_parallel and len(gpus) > 1 else 1
 
 
 def _unreachable(config, error):
@@ -125,7 +125,7 @@ def connect_cluster(config):
 
 def cluster_failure(config, error):
   """The one line naming the worker a runtime error came from, or None."""
-  if not config_lib.placement_of(config).needs_cluster:
+  if not config_lib.runtime_of(config).needs_cluster:
     return None
   return cluster_checks.describe_failure(
       error, cluster_lib.cluster_spec(config.devices.cluster))
@@ -142,14 +142,14 @@ def make_distribute(config):
       --batch_size when it does not divide over the TPU's replicas, or the
       workers of --cluster that did not come up.
   """
-  placement = config_lib.placement_of(config)
-  if placement.needs_cluster:
+  runtime = config_lib.runtime_of(config)
+  if runtime.needs_cluster:
     connect_cluster(config)
   if multi_worker.mode(config) == "mirrored":
     return multi_worker.joined(config)[2]
-  resolver = resolve_tpu(config) if placement.needs_tpu else None
+  resolver = resolve_tpu(config) if runtime.needs_tpu else None
   try:
-    distribute = placement.strategy(config.interlock.num_modules, resolver)
+    distribute = runtime.strategy(config.interlock.num_modules, resolver)
   except ConnectionError as e:
     _unreachable(config, e.__cause__ or e)
   config_lib.check_batch(config, distribute.num_replicas_in_sync)

@@ -30,9 +30,9 @@ import tensorflow as tf
 
 from tf_interlock import owned_dir
 from tf_interlock import paths
-from tf_interlock import placement as placement_lib
 from tf_interlock import replicas as replicas_lib
 from train import config as config_lib
+from train import placement_runtime
 
 _TEMP_PREFIX = "tf_interlock_task_"
 # The non-chief model_dirs `task_config` made in this process.
@@ -95,10 +95,9 @@ def mode(config):
   task = _tf_config().get("task") or {}
   if task.get("type") not in ("chief", "worker"):
     return None
-  placement = config_lib.placement_of(config)
-  if placement.data_parallel:
+  if config_lib.runtime_of(config).data_parallel:
     return "mirrored"
-  if placement.replica_device_type:
+  if config_lib.placement_of(config).replica_device_type:
     return "replicas"
   return None
 
@@ -160,7 +159,7 @@ def join(config, intra_op_threads=1):
       _JOINED[job] = replicas_lib.connect(
           num_modules=num_modules, kind=kind, timeout_s=timeout_s,
           intra_op_threads=intra_op_threads
-          if placement_lib.get(kind).splits_host_cpu else 1)
+          if placement_runtime.of(kind).splits_host_cpu else 1)
   return _JOINED[job]
 
 

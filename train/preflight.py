@@ -34,10 +34,10 @@ def validate_for_run(config):
   # Counting a corpus's tokens runs TF ops, which start the runtime: the
   # process-wide settings come first (setup_runtime may run again later).
   runtime_setup.setup_runtime(config)
-  placement = config_lib.placement_of(config)
-  if placement.needs_tpu:
+  runtime = config_lib.runtime_of(config)
+  if runtime.needs_tpu:
     distribution.resolve_tpu(config)
-  missing = placement.missing_devices(config.interlock.num_modules)
+  missing = runtime.missing_devices(config.interlock.num_modules)
   if missing:
     config_lib.fail("placement", config.devices.placement, missing)
   if config.data.dataset in config_lib.IMAGE_DATASETS:

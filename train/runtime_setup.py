@@ -16,9 +16,9 @@ from train import multi_worker
 
 
 def simulated_plan(config):
-  """The `ThreadingPlan` of a placement that splits the host CPU
-  (`splits_host_cpu`: "simulated"): logical devices, threads per op, and
-  which device each module is on.
+  """The `ThreadingPlan` of a placement that splits the host CPU (its
+  runtime's `splits_host_cpu`: "simulated"): logical devices, threads per
+  op, and which device each module is on.
 
   A field set to 0 is chosen by the schedule model from nominal module costs
   for this host's cores (`step_model.plan_for`); the default, 1 and 1,
@@ -38,14 +38,14 @@ def setup_runtime(config):
   A task of a multi-worker job (TF_CONFIG, see train/multi_worker.py) joins
   it first: collective ops must be configured before the runtime starts.
   """
-  placement = config_lib.placement_of(config)
-  plan = simulated_plan(config) if placement.splits_host_cpu else None
+  runtime = config_lib.runtime_of(config)
+  plan = simulated_plan(config) if runtime.splits_host_cpu else None
   joined = multi_worker.join(config, plan.threads_per_device if plan else 1)
   if plan and not joined:
     # Each device a pool of its own: D x t threads, as the plan says.
     step_model.use_own_pools(plan)
-    placement.configure_devices(plan.num_devices,
-                                intra_op_threads=plan.threads_per_device)
+    runtime.configure_devices(plan.num_devices,
+                              intra_op_threads=plan.threads_per_device)
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(config.run.seed)
@@ -57,10 +57,10 @@ def module_devices(config):
   """Per module, the index of its device: the threading plan's logical CPU
   (a placement that splits the host CPU: simulated), its worker task t(k)
   (one that needs a cluster), else None (module k on device k)."""
-  placement = config_lib.placement_of(config)
-  if placement.splits_host_cpu:
+  runtime = config_lib.runtime_of(config)
+  if runtime.splits_host_cpu:
     return simulated_plan(config).module_devices
-  if placement.needs_cluster:
+  if runtime.needs_cluster:
     spec = cluster_lib.cluster_spec(config.devices.cluster)
     return cluster_lib.module_workers(
         config.interlock.num_modules, spec.num_tasks(cluster_lib.JOB),

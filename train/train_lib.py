@@ -364,7 +364,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
           config.to_json())})
   summary = {"step": step, "eval": evaluation_action.results,
              "export_dir": export_dir}
-  if config_lib.placement_of(config).splits_host_cpu:
+  if config_lib.runtime_of(config).splits_host_cpu:
     summary["threading"] = runtime_setup.simulated_plan(config).describe()
   if task.unigram_perplexity is not None:
     summary["unigram_perplexity"] = task.unigram_perplexity

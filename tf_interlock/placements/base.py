@@ -1,12 +1,14 @@
 """The base of every placement, and the registry of flag values.
 
-A placement is one class. Its class attributes say what the rest of the
-library and the binaries decide by placement (per-module tracing, XLA, the
-strategy and the replicas it may run with, the settings it needs before the
-runtime starts); its methods give module k's device scope and check that
-module k's variables really are where they belong. `register(cls)` maps the
-class's `kind` (the `--placement` flag value) to the class, so a new
-placement is one class and one `register` call: no caller compares a kind.
+A placement is one class. Its methods give module k's device scope and check
+that module k's variables really are where they belong; its three class
+attributes answer what the trainer decides by placement (whether every
+module runs in this process, what one XLA program holds, and the local
+device type module k is pinned to). `register(cls)` maps the class's `kind`
+(the `--placement` flag value) to the class, so a new placement is one class
+and one `register` call: no caller compares a kind. What only the binaries
+set up before the TF runtime starts (logical devices, the strategy, a
+cluster or a TPU to connect to) is theirs: `train/placement_runtime.py`.
 """
 
 import contextlib
@@ -79,47 +81,29 @@ class Placement:
     devices: one device name per module (None where the kind names none).
     distribute: the `tf.distribute.Strategy` the trainer runs under.
 
-  Class attributes (what each placement decides; see each subclass):
+  Class attributes (what the trainer asks; see each subclass):
     kind: the name, the `--placement` flag value.
-    traced: each module's body and update may be a `tf.function` of its own
-      (`module_functions`); False keeps every op inline.
+    one_process: every module runs in this process on CPU or GPU (not a
+      TPU, not a cluster's workers): each module's body and update may be a
+      `tf.function` of its own (`module_functions`), `step_loop`'s "auto"
+      may loop a traced step and the training call may take TF's lighter
+      graph optimisation (`tf_private`). False keeps every op inline.
     xla_unit: what one XLA program holds under `jit_compile`: "module"
       (each module's functions, on the module's own device), "replica_step"
-      (the whole replica step: every module on one device), "strategy" (the
-      strategy compiles every step itself and its device runs only XLA
-      programs: jit_compile=False is refused), or None (not compiled).
-    data_parallel: every module shares one device, so a strategy may
-      mirror the whole model over devices or workers.
-    replica_device_type: "CPU" or "GPU" when a process of a replicas x
-      modules job (`replicas.connect`) may put module k on its local device
-      k of that type; None refuses such jobs.
-    one_device_per_module: module k's variables are pinned to device k, so
-      a strategy with several replicas (which creates each variable on its
-      own devices) is refused.
-    splits_host_cpu: logical CPU devices and thread pools must be set
-      before the TF runtime starts (`configure_devices`), and the CPU
-      threading plan applies.
-    needs_cluster: the process connects to a cluster of workers first.
-    needs_tpu: the run connects to a TPU (a name or grpc:// address).
-    loop_on_host: the host calls the input iterator once per step (a TPU
-      runs the loop on the device).
-    one_process: every module runs in this process on CPU or GPU (not a
-      TPU, not a cluster's workers), where `step_loop`'s "auto" may loop a
-      traced step and the training call may take TF's lighter graph
-      optimisation (`tf_private`).
+      (the whole replica step: every module on one device), or None (not
+      compiled by us; see `compiles_step` for a strategy that compiles
+      every step itself).
+    replica_device_type: "CPU" or "GPU" when module k is pinned to this
+      process's local device k of that type: a strategy with several
+      replicas (which creates each variable on its own devices) is refused,
+      and a process of a replicas x modules job (`replicas.connect`) may
+      use the placement; None otherwise.
   """
 
   kind = None
-  traced = False
-  xla_unit = None
-  data_parallel = False
-  replica_device_type = None
-  one_device_per_module = False
-  splits_host_cpu = False
-  needs_cluster = False
-  needs_tpu = False
-  loop_on_host = True
   one_process = False
+  xla_unit = None
+  replica_device_type = None
 
   def __new__(cls, kind=None, devices=None, distribute=None):
     del devices, distribute  # __init__'s
@@ -153,41 +137,6 @@ class Placement:
     del num_modules, module_devices
     return cls(devices=None, distribute=distribute)
 
-  # Before the runtime starts, and the run's strategy.
-
-  @classmethod
-  def prepare_runtime(cls, num_devices, intra_op_threads=1):
-    """Sets what must precede the runtime's start; starts nothing (a
-    replicas job configures its collectives after this)."""
-    del num_devices, intra_op_threads
-
-  @classmethod
-  def configure_devices(cls, num_devices, intra_op_threads=1):
-    """Sets up this process's devices for `num_devices` modules' devices;
-    before the first TF op."""
-    del num_devices, intra_op_threads
-
-  @classmethod
-  def missing_devices(cls, num_modules):
-    """Why this machine cannot run `num_modules` modules, or None."""
-    del num_modules
-    return None
-
-  @classmethod
-  def strategy(cls, num_modules, resolver=None):
-    """The `tf.distribute.Strategy` a run of this placement trains under.
-
-    Args:
-      num_modules: K.
-      resolver: a cluster resolver, for the kinds that connect to one.
-
-    Raises:
-      ConnectionError: the device could not be reached (its cause is TF's
-        error).
-    """
-    del num_modules, resolver
-    return tf.distribute.get_strategy()
-
   # What a trainer asks.
 
   def check_modules(self, num_modules):
@@ -206,18 +155,31 @@ class Placement:
       float16: whether any module computes under mixed_float16.
     """
     replicas = distribute.num_replicas_in_sync
-    if self.one_device_per_module and replicas > 1:
+    if self.replica_device_type and replicas > 1:
       raise ValueError(
           f"placement={self.kind} puts module k on device k, but "
           f"a strategy with {replicas} replicas creates every variable on "
           f"its own devices. Use placement=single for data parallelism, or "
           f"placement=tpu with a TPUStrategy for both. "
           f"Received: placement={self.kind}")
-    if float16 and isinstance(distribute, tf.distribute.TPUStrategy):
+    if float16 and self.compiles_step(distribute):
       raise ValueError(
           "mixed_float16 is not supported on TPU: TPUs compute in "
           "bfloat16, which needs no loss scaling; use mixed_bfloat16. "
           "Received: policy=mixed_float16, placement=tpu")
+
+  def compiles_step(self, distribute):
+    """Whether `distribute` compiles every replica step itself into one XLA
+    program on a device that runs only XLA programs (a TPU's strategy):
+    the trainer then compiles no step of its own, jit_compile=False cannot
+    hold and mixed_float16 is refused. False here; see `TpuPlacement` and
+    `SinglePlacement` (which a TPUStrategy may mirror).
+
+    Args:
+      distribute: the trainer's `tf.distribute.Strategy`.
+    """
+    del distribute
+    return False
 
   def on_accelerator(self):
     """Whether the modules run on a non-CPU device (GPU or TPU)."""

@@ -17,24 +17,20 @@ import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
 from tf_interlock.placements import base
+from tf_interlock.placements import tpu
 
 
 class SinglePlacement(base.Placement):
-  """Every module on one device; a strategy may mirror the model."""
+  """Every module on one device; a strategy may mirror the model (over
+  GPUs, workers or a TPU's cores)."""
 
   kind = "single"
   one_process = True
-  traced = True
   xla_unit = "replica_step"
-  data_parallel = True
 
-  @classmethod
-  def strategy(cls, num_modules, resolver=None):
-    """Mirrored over this host's GPUs when it has several, else default."""
-    del num_modules, resolver
-    if len(tf.config.list_logical_devices("GPU")) > 1:
-      return tf.distribute.MirroredStrategy()
-    return tf.distribute.get_strategy()
+  def compiles_step(self, distribute):
+    """Whether `distribute` is a TPUStrategy (`tpu.compiles_every_step`)."""
+    return tpu.compiles_every_step(distribute)
 
 
 class DevicePlacement(base.Placement):
@@ -164,20 +160,9 @@ class SimulatedPlacement(DevicePlacement):
   kind = "simulated"
   one_process = True
   device_type = "CPU"
-  traced = True
   replica_device_type = "CPU"
-  one_device_per_module = True
-  splits_host_cpu = True
   missing_hint = (" Call placement.configure_simulated_devices(K) before TF "
                   "starts.")
-
-  @classmethod
-  def prepare_runtime(cls, num_devices, intra_op_threads=1):
-    split_host_cpu(num_devices, intra_op_threads)
-
-  @classmethod
-  def configure_devices(cls, num_devices, intra_op_threads=1):
-    configure_simulated_devices(num_devices, intra_op_threads=intra_op_threads)
 
 
 class GpuPlacement(DevicePlacement):
@@ -186,17 +171,7 @@ class GpuPlacement(DevicePlacement):
   kind = "gpu"
   one_process = True
   device_type = "GPU"
-  traced = True
   replica_device_type = "GPU"
-  one_device_per_module = True
-
-  @classmethod
-  def missing_devices(cls, num_modules):
-    gpus = len(tf.config.list_physical_devices("GPU"))
-    if gpus < num_modules:
-      return (f"one GPU per module (placement={cls.kind}): {num_modules} "
-              f"modules but {gpus} GPUs")
-    return None
 
 
 class ClusterPlacement(DevicePlacement):
@@ -206,7 +181,6 @@ class ClusterPlacement(DevicePlacement):
 
   kind = "cluster"
   device_type = "worker"
-  needs_cluster = True
   missing_hint = " Connect first: tf_interlock.cluster.connect(spec)."
 
   @classmethod

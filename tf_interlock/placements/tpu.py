@@ -15,17 +15,22 @@ import tensorflow as tf
 from tf_interlock.placements import base
 
 
+def compiles_every_step(distribute):
+  """Whether `distribute` compiles every replica step itself, under any
+  placement: a TPUStrategy, whose `run` makes each step one XLA program
+  (jit_compile=False cannot hold there, and no step of ours is compiled
+  again inside it)."""
+  return isinstance(distribute, tf.distribute.TPUStrategy)
+
+
 class TpuPlacement(base.Placement):
   """Module k on logical core k of every replica of a TPUStrategy.
 
-  `TPUStrategy.run` compiles the replica step itself, so nothing is traced
-  per module, and a TPU runs only XLA programs.
+  `TPUStrategy.run` compiles the replica step itself (`compiles_step`), so
+  nothing is traced per module, and a TPU runs only XLA programs.
   """
 
   kind = "tpu"
-  xla_unit = "strategy"
-  needs_tpu = True
-  loop_on_host = False
 
   def __init__(self, kind=None, devices=None, distribute=None):
     super().__init__(kind, devices, distribute)
@@ -45,37 +50,10 @@ class TpuPlacement(base.Placement):
           f"Received: cores_per_replica={cores}")
     return cls(devices=None, distribute=distribute)
 
-  @staticmethod
-  def compiles_step(distribute):
-    """Whether `distribute` compiles every replica step itself, under any
-    placement: a TPUStrategy, whose `run` makes each step one XLA program
-    (jit_compile=False cannot hold there, and no step of ours is compiled
-    again inside it)."""
-    return isinstance(distribute, tf.distribute.TPUStrategy)
-
-  @classmethod
-  def strategy(cls, num_modules, resolver=None):
-    """A TPUStrategy of K cores per replica on the TPU `resolver` names.
-
-    Raises:
-      ConnectionError: the TPU could not be reached or initialised.
-    """
-    try:
-      tf.config.experimental_connect_to_cluster(resolver)
-      topology = tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (OSError, RuntimeError, ValueError, tf.errors.OpError) as e:
-      raise ConnectionError(str(e)) from e
-    assignment = tpu_device_assignment(topology, num_modules)
-    return tf.distribute.TPUStrategy(
-        resolver, experimental_device_assignment=assignment)
-
-  def check_trainer(self, distribute, float16):
-    if float16:
-      raise ValueError(
-          "mixed_float16 is not supported on TPU: TPUs compute in "
-          "bfloat16, which needs no loss scaling; use mixed_bfloat16. "
-          "Received: policy=mixed_float16, placement=tpu")
-    super().check_trainer(distribute, float16)
+  def compiles_step(self, distribute):
+    """Always: the placement runs only under a TPU's strategy."""
+    del distribute
+    return True
 
   def on_accelerator(self):
     return True
