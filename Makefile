@@ -61,7 +61,7 @@ data:
 # Trains the Fashion-MNIST ResNet-20 (K = 4, 2-wise, 4 simulated devices) for
 # 300 steps, exports a SavedModel and evaluates it. Rerunning resumes.
 demo: setup data
-	$(PYTHON) -m train.train --preset=fashion_mnist_resnet \
+	$(PYTHON) -m train.train --preset=fashion_mnist_resnet --loop_block=1 \
 	  --model_dir=$(DEMO_DIR)
 	$(PYTHON) -m train.evaluate --model_dir=$(DEMO_DIR)
 

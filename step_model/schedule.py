@@ -568,6 +568,32 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       threads_per_device=threads_per_device)
 
 
+def step_work(costs, strategy, num_microbatches=1, has_aux=None,
+              microbatch_costs=None):
+  """The op cost one step charges, summed over its ops: its time on one
+  core with nothing overlapping (`research.serial_work` measures that).
+
+  Args:
+    costs, strategy, num_microbatches, has_aux, microbatch_costs: as for
+      `simulate`.
+
+  Returns:
+    Seconds.
+  """
+  _check_costs(costs)
+  _check_count("num_microbatches", num_microbatches, 1)
+  num_modules = len(costs)
+  has_aux = [True] * num_modules if has_aux is None else list(has_aux)
+  if microbatch_costs is None:
+    microbatch_costs = [
+        dataclasses.replace(c.scaled(1.0 / num_microbatches),
+                            accumulate=c.accumulate) for c in costs]
+  plan = routing.make_plan(strategy, num_modules, has_aux)
+  template = _step_template(plan, costs, microbatch_costs, has_aux,
+                            num_microbatches)
+  return sum(op.cost for op in template)
+
+
 def predict_speedups(costs, strategies, **kwargs):
   """Step time of each strategy and its speedup over end-to-end.
 

@@ -204,3 +204,28 @@ def test_two_wise_is_at_best_half_of_e2e_for_four_equal_modules():
   assert schedule.simulate(heads, "2wise", num_cores=4).step_time == 6.5
   _, pipeline = schedule.best_pipeline(free, num_cores=4)
   assert pipeline < 6.0
+
+
+@pytest.mark.parametrize("strategy", sorted(SERIAL_TIMES))
+def test_step_work_is_the_one_core_step(strategy):
+  # On one core nothing overlaps: the step is the sum of its ops' costs.
+  for m in (1, 2):
+    work = schedule.step_work([COST] * 4, strategy, num_microbatches=m)
+    assert work == pytest.approx(SERIAL_TIMES[strategy], abs=1e-9)
+
+
+def test_a_loop_over_blocks_waits_at_each_block():
+  # Local, K = 4 (test_local_costs_one_module_of_work: 4.75 unrolled).
+  # Blocks of one step: F0..F3 end at 4, then device 3 runs BW3 + U3 to
+  # 7.25 (devices k < 3 end at k + 1 + a + bw + u <= 6.75): 7.25 a step.
+  # Blocks of two: step 2's F0 starts at U0's end, 4.75; F1, F2, F3 follow
+  # at 5.75, 6.75, 7.75 (device 3 is free from 7.25); BW3 + U3 end at 12:
+  # 6 a step. End to end has no slack across steps: no block changes it.
+  local = {u: schedule.simulate([COST] * 4, "local", loop_block=u).step_time
+           for u in (None, 1, 2)}
+  assert local == pytest.approx({None: 4.75, 1: 7.25, 2: 6.0}, abs=1e-9)
+  for u in (1, 2, 3):
+    assert schedule.simulate([COST] * 4, "e2e", loop_block=u).step_time == (
+        pytest.approx(13.25, abs=1e-9))
+  with pytest.raises(ValueError, match=r"Received: loop_block=0$"):
+    schedule.simulate([COST] * 4, "local", loop_block=0)

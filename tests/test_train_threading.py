@@ -119,8 +119,10 @@ def test_the_binary_trains_the_variant_the_strategy_names(strategy, variant,
   assert trainer.strategy.variant == expected
 
 
-@pytest.mark.parametrize("loop_block,loop", [(1, "auto"), (2, "while")])
-def test_loop_block_reaches_the_trainer(loop_block, loop):
+@pytest.mark.parametrize("loop_block,loop,block", [(0, "auto", 1),
+                                                   (1, "while", 1),
+                                                   (2, "while", 2)])
+def test_loop_block_reaches_the_trainer(loop_block, loop, block):
   # --loop_block: how a call's steps_per_loop steps are written into the
   # graph (tf_interlock.step_loop), another question than the threads but
   # asked of the same binary.
@@ -129,12 +131,12 @@ def test_loop_block_reaches_the_trainer(loop_block, loop):
                    steps_per_loop=4, loop_block=loop_block)
   config_lib.validate(config)
   trainer, task, _ = train_lib.build(config)
-  assert (trainer.options.loop, trainer.options.loop_block) == (
-      loop, loop_block)
+  assert (trainer.options.loop, trainer.options.loop_block) == (loop, block)
   iterator = iter(trainer.distribute_dataset(task.train))
   graph = trainer.loop_function(4).get_concrete_function(iterator).graph
+  # Local at K = 4: the library's loop writes the 4 steps out.
   assert ("While" in [op.type for op in graph.get_operations()]) == (
-      loop_block > 1)
+      loop == "while")
   before = [v.numpy() for v in trainer.variables(0)]
   trainer.train_loop(iterator)
   assert any(not np.array_equal(a, v.numpy())

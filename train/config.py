@@ -214,8 +214,13 @@ def _check_numbers(config):
   if not runtime.needs_tpu:  # TPUStrategy's iterator is not counted
     check_number("steps_per_loop", config.run.steps_per_loop, minimum=1,
                  maximum=MAX_GET_NEXT_CALLS, integer=True)
-  check_number("loop_block", config.run.loop_block, minimum=1,
+  check_number("loop_block", config.run.loop_block, minimum=0,
                maximum=config.run.steps_per_loop, integer=True)
+  if config.run.loop_block and not placement_of(config).one_process:
+    fail("loop_block", config.run.loop_block, "applies only to placements "
+         "that run every module in this process (single, simulated, gpu); "
+         f"placement={config.devices.placement} keeps the library's loop: "
+         "leave it 0")
   for name in ("threads_per_device", "modules_per_device"):
     value = config.get(name)
     check_number(name, value, minimum=0, integer=True)

@@ -219,10 +219,10 @@ class RunConfig:
       10, f"Steps run in one traced tf.function call, 1 to "
       f"{MAX_GET_NEXT_CALLS} (TF's get_next limit; any >= 1 on a TPU).")
   loop_block: int = _field(
-      1, "Steps written out together in one iteration of a graph loop over "
-      "the --steps_per_loop steps (1 to steps_per_loop); 1: the default loop "
-      "(unrolled for local and n-wise with n < K). >1 traces that many steps "
-      "(a faster first call); modules overlap within a block only.")
+      0, "0: the library's loop (steps unrolled for local and n-wise with "
+      "n < K, one step looped otherwise); U in 1..steps_per_loop: a graph "
+      "loop over blocks of U steps, which traces U steps (a faster first "
+      "call) and overlaps modules within a block only.")
   eval_every_steps: int = _field(
       100, "Evaluate every exit on the eval split every this many steps "
       "(>= 1), and at the end.")

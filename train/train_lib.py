@@ -161,11 +161,12 @@ def build(config):
 
 
 def execution_options(config):
-  """The trainer's `ExecutionOptions`: --loop_block > 1 loops blocks of
-  that many steps; 1 keeps the library's default loop."""
+  """The trainer's `ExecutionOptions`: --loop_block=U >= 1 loops blocks of
+  U steps; 0 keeps the library's loop."""
   block = config.run.loop_block
-  return ExecutionOptions(loop="while" if block > 1 else "auto",
-                          loop_block=block)
+  if not block:
+    return ExecutionOptions()
+  return ExecutionOptions(loop="while", loop_block=block)
 
 
 def check_run(config, run):
