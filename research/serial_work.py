@@ -34,11 +34,16 @@ from train import error_boundary
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["local", "local-m8", "e2e", "e2e-m8"],
     "Cells to run (strategy, or strategy-mM for M microbatches).")
-_NUM_MODULES = flags.DEFINE_integer("num_modules", 4, "K.")
-_WIDTH = flags.DEFINE_integer("width", 512, "The MLP's width.")
-_BATCH = flags.DEFINE_integer("batch_size", 512, "Examples per step.")
-_STEPS = flags.DEFINE_integer("steps", 7, "Timed calls per cell.")
-_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the JSON here.")
+_NUM_MODULES = flags.DEFINE_integer(
+    "num_modules", 4, "K, the MLP's modules (all on one logical device).")
+_WIDTH = flags.DEFINE_integer(
+    "width", 512, "Units of every Dense layer of the MLP, and its inputs.")
+_BATCH = flags.DEFINE_integer(
+    "batch_size", 512, "Examples per training step (M must divide it).")
+_STEPS = flags.DEFINE_integer(
+    "steps", 7, "Timed training calls per cell; the median is reported.")
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Also write the JSON report to this file.")
 
 
 def measure(name, placement, spec):

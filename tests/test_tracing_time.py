@@ -44,3 +44,19 @@ def test_one_cell_times_tracing_then_steady_calls():
   assert "load average=1.0/2.0/3.0" in table
   assert table.splitlines()[-1].split()[:4] == ["2wise", "unrolled",
                                                 "default", "2"]
+
+
+def test_predict_blocks_orders_the_blocks(tmp_path):
+  # Four equal blocks, one a module: a block of the call's 4 steps is the
+  # unrolled call; smaller blocks wait more often, and end to end, which
+  # has no slack across steps, never waits longer.
+  profile = tmp_path / "profile.json"
+  profile.write_text(json.dumps(
+      {"module_costs_ms": [[1.0, 2.0, 3.0, 0.5, 0.25]] * 4}))
+  proc = binaries.run_binary(
+      "research.predict_blocks", f"--profile={profile}", "--split=1,1,1,1",
+      "--steps_per_loop=4", "--blocks=1,2,4", "--strategies=local,e2e")
+  ratios = json.loads(proc.stdout)["step_time_over_unrolled"]
+  assert ratios["e2e"] == {"1": 1.0, "2": 1.0, "4": 1.0}
+  assert ratios["local"]["4"] == 1.0
+  assert ratios["local"]["1"] > ratios["local"]["2"] > 1.0
