@@ -28,18 +28,30 @@ _REPORT = flags.DEFINE_string("report", None, "A research.benchmark JSON "
                               "report (--json_out).")
 _PNG = flags.DEFINE_string("png", None, "The PNG file to write the "
                            "frontier picture to (replaced if it exists).")
+_MEMORY = flags.DEFINE_enum(
+    "memory", "count", ["count", "measured"], "The memory axis: count (the "
+    "largest device's count) or measured (TF's allocator peak; on "
+    "simulated CPUs, which share one allocator, the process's total).")
+
+_AXIS = {"count": "peak memory per device, MB (count; largest device)",
+         "measured": "peak memory, MB (measured; one allocator: the sum over "
+                     "devices on simulated CPUs)"}
 
 
-def points(report):
-  """(name, MB per device, measured ms, predicted ms or None) per cell that
-  has a memory count."""
+def points(report, memory="count"):
+  """(name, MB, measured ms, predicted ms or None) per cell that has a
+  memory count (memory="count": the largest device's) or a measured peak
+  (memory="measured": the largest device's allocator peak)."""
   out = []
   for name, row in report["strategies"].items():
-    counts = row.get("memory_count_mb")
-    if not counts:
+    if memory == "count":
+      mb = [c["total"] for c in row.get("memory_count_mb") or []]
+    else:
+      mb = list((row.get("memory_measured_mb") or {}).values())
+    if not mb:
       continue
     predicted = row.get("predicted_step_s")
-    out.append((name, max(c["total"] for c in counts),
+    out.append((name, max(mb),
                 1e3 * row["measured_step_s"],
                 None if predicted is None else 1e3 * predicted))
   return out
@@ -53,12 +65,13 @@ def frontier(cells):
                      for _, m2, t2, *_ in cells)}
 
 
-def plot(report, out):
-  """Draws the frontier of `report` into the PNG `out`."""
+def plot(report, out, memory="count"):
+  """Draws the frontier of `report` into the PNG `out` (`points`' memory
+  axis)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-  cells = points(report)
+  cells = points(report, memory)
   best = frontier(cells)
   fig, ax = pyplot.subplots(figsize=(8, 5.5))
   colors = {"e2e": "tab:blue", "local": "tab:green"}
@@ -72,12 +85,14 @@ def plot(report, out):
                 textcoords="offset points")
     if predicted is not None:
       ax.scatter(mb, predicted, facecolors="none", edgecolors=color, s=30)
-  ax.set_xlabel("peak memory per device, MB (count; largest device)")
+  ax.set_xlabel(_AXIS[memory])
   ax.set_ylabel("ms per step")
+  hollow = (", hollow predicted (one core per module)"
+            if any(c[3] is not None for c in cells) else "")
   ax.set_title(f"{report['model']}, K = {report['num_modules']}, "
                f"{report['placement']}: filled measured "
-               f"({report['num_cores']} cores), hollow predicted (one core "
-               f"per module); outlined: the frontier", fontsize=9)
+               f"({report['num_cores']} cores){hollow}; outlined: the "
+               f"frontier", fontsize=9)
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(out, dpi=110)
@@ -91,11 +106,11 @@ def main(argv):
                      f"report={_REPORT.value!r}, png={_PNG.value!r}")
   with open(_REPORT.value) as f:
     report = json.load(f)
-  if not points(report):
-    raise ValueError(f"{_REPORT.value} has no cell with a memory count "
-                     f"(a report from before memory was measured). "
-                     f"Received: report={_REPORT.value!r}")
-  plot(report, _PNG.value)
+  if not points(report, _MEMORY.value):
+    raise ValueError(f"{_REPORT.value} has no cell with a memory "
+                     f"{_MEMORY.value} (a report from before memory was "
+                     f"measured). Received: report={_REPORT.value!r}")
+  plot(report, _PNG.value, _MEMORY.value)
   print(_PNG.value)
 
 

@@ -9,7 +9,8 @@ from tests import binaries
 def _report():
   def row(step_s, mb, predicted=None):
     return {"measured_step_s": step_s, "predicted_step_s": predicted,
-            "memory_count_mb": [{"total": mb}, {"total": mb / 2}]}
+            "memory_count_mb": [{"total": mb}, {"total": mb / 2}],
+            "memory_measured_mb": {"CPU:0": 30.0 - mb, "CPU:1": 1.0}}
   # e2e-m4 is beaten by local on both; e2e is the smallest, local the
   # fastest: both on the frontier.
   return {"model": "mlp", "num_modules": 2, "placement": "simulated",
@@ -23,6 +24,11 @@ def test_the_frontier_keeps_the_cells_no_other_beats_on_both():
   assert [c[0] for c in cells] == ["e2e", "local", "e2e-m4"]
   assert cells[0] == ("e2e", 10.0, 300.0, 250.0)
   assert plot_frontier.frontier(cells) == {"e2e", "local"}
+  # Measured, the order of memory is reversed: e2e-m4 (16 MB) beats e2e
+  # (20 MB) on both.
+  measured = plot_frontier.points(_report(), memory="measured")
+  assert measured[2] == ("e2e-m4", 16.0, 200.0, None)
+  assert plot_frontier.frontier(measured) == {"e2e-m4", "local"}
 
 
 def test_one_command_draws_the_png(tmp_path):
@@ -30,5 +36,5 @@ def test_one_command_draws_the_png(tmp_path):
   report.write_text(json.dumps(_report()))
   out = tmp_path / "frontier.png"
   binaries.run_binary("research.plot_frontier", f"--report={report}",
-                      f"--png={out}")
+                      f"--png={out}", "--memory=measured")
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
