@@ -48,14 +48,23 @@ def _in_order(op, *inputs):
   `tf.identity` under control dependencies) for every output of the call
   before, so the calls never overlap and each pays only its own work.
 
+  Only each output's first element is kept (and returned): the step sums a
+  microbatch's gradients into the running total and drops them, so their
+  buffers are reused. Keeping all M calls' outputs alive made every call
+  write fresh buffers (M weight gradients of 4 MB each for the width-1024
+  MLP): it charged a microbatch's weight VJP 1.6x its share of the full
+  batch's, and a local-m8 step 30% more work than it does
+  (docs/results/many_core/README.md, research.serial_work).
+
   Returns:
-    The flat list of every call's outputs.
+    The flat list of the first element of every call's outputs.
   """
   outputs, previous = [], []
   for args in zip(*inputs):
     with tf.control_dependencies(previous):
       args = [tf.identity(a) for a in args]
-    previous = tf.nest.flatten(op(*args), expand_composites=True)
+    previous = [tf.reshape(t, [-1])[:1] for t in tf.nest.flatten(
+        op(*args), expand_composites=True)]
     outputs += previous
   return outputs
 
