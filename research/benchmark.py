@@ -235,13 +235,14 @@ def profile_report(plan=None):
   s = spec()
   trainer = benchmark_lib.build_trainer(s, "e2e", _placement(plan))
   x, y = benchmark_lib.make_batch(s)
+  cores = plan.threads_per_device if plan else 1
   median, low, high = profiling.repeated_module_costs(
-      trainer, x, y, _REPETITIONS.value)
+      trainer, x, y, _REPETITIONS.value, cores=cores)
   microbatch = {}
   for m in _MICROBATCHES.value:
     # One microbatch's ops, timed M at a time inside one graph.
     costs = profiling.repeated_module_costs(trainer, x, y, _REPETITIONS.value,
-                                            microbatches=int(m))
+                                            microbatches=int(m), cores=cores)
     microbatch[m] = dict(zip(("module_costs_ms", "module_costs_min_ms",
                               "module_costs_max_ms"),
                              map(benchmark_lib.costs_ms, costs)))

@@ -370,12 +370,13 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
     stats = {}
     trainer, step = run_strategy(spec, name, placement, stats=stats)
     if costs and measured_costs is None:
-      measured_costs = profiling.measure_module_costs(trainer, x, y)
+      measured_costs = profiling.measure_module_costs(trainer, x, y,
+                                                      cores=threads)
     m = parse_cell(name)[1]
     if measured_costs is not None and m > 1 and m not in micro:
       # One microbatch's ops, timed M at a time inside one graph.
       micro[m] = profiling.measure_module_costs(trainer, x, y,
-                                                microbatches=m)
+                                                microbatches=m, cores=threads)
     predicted = None if measured_costs is None else predict(
         measured_costs, name, num_cores, threads, module_devices,
         microbatch_costs=micro,

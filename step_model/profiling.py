@@ -10,9 +10,23 @@ in its own `tf.function` on the module's device; the VJPs include a forward
 pass, which is subtracted. Times are medians over `repeats` calls, in
 seconds. A microbatch's ops are timed M at a time inside one graph, as the
 pipeline runs them (`measure_module_costs`' `microbatches`).
+
+While the ops are timed, every thread of the process is pinned to as many
+cores as the schedule model lets one op hold (`measure_module_costs`'
+`cores`, the plan's threads per device): an op's cost is its work on those
+cores. Unpinned, a graph's independent branches run side by side on the
+inter-op pool's spare cores, which the step gives to other devices. The
+fused VJP's input and weight halves are such branches: on the 2-core VM,
+4 devices x 1 thread, the fused pass timed unpinned at 0.67-0.79 of the
+two halves timed apart, against 0.95-1.06 in a process of one inter-op
+thread (research.serial_work), so the model charged end to end's
+microbatched weight VJP a third of its work and predicted e2e-m8 20% fast
+(docs/results/many_core/README.md).
 """
 
+import contextlib
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -24,20 +38,67 @@ from tf_interlock import module_ops
 from step_model import schedule
 
 
-def _median_time(fn, repeats, calls=1):
+def _median_time(fn, repeats, calls=1, cores=1):
   """The median seconds of one of `fn`'s `calls` ops: `fn` runs them one
   after another inside one graph, so a call's fixed cost (dispatch, the
-  outputs' hand-back) is shared by all of them, as a step's ops share it."""
+  outputs' hand-back) is shared by all of them, as a step's ops share it.
+  The timed calls hold `cores` cores (`holding_cores`)."""
   fn()  # trace and warm up
   fn()
   times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = fn()
-    # expand_composites: an embedding's gradient is an IndexedSlices.
-    tf.nest.map_structure(lambda t: t.numpy(), out, expand_composites=True)
-    times.append((time.perf_counter() - start) / calls)
+  with holding_cores(cores):
+    fn()  # warm up on the pinned cores
+    for _ in range(repeats):
+      start = time.perf_counter()
+      out = fn()
+      # expand_composites: an embedding's gradient is an IndexedSlices.
+      tf.nest.map_structure(lambda t: t.numpy(), out, expand_composites=True)
+      times.append((time.perf_counter() - start) / calls)
   return float(np.median(times))
+
+
+@contextlib.contextmanager
+def holding_cores(cores):
+  """Pins every thread of this process to `cores` of its cores, for the block.
+
+  Each thread's own affinity comes back afterwards (a thread started inside
+  the block gets the process's first thread's). Where the OS has no
+  affinity call (macOS), nothing is pinned.
+
+  Args:
+    cores: how many cores (>= 1); more than the process may use means all
+      of them.
+
+  Yields:
+    The cores pinned to, a sorted tuple (empty where nothing is pinned).
+
+  Raises:
+    ValueError: for cores < 1.
+  """
+  if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+    raise ValueError(f"cores must be an int >= 1. Received: cores={cores!r}")
+  if not hasattr(os, "sched_setaffinity"):
+    yield ()
+    return
+  def threads():
+    return [int(t) for t in os.listdir("/proc/self/task")]
+  before = {}
+  for tid in threads():
+    try:
+      before[tid] = os.sched_getaffinity(tid)
+    except OSError:  # The thread ended meanwhile.
+      pass
+  process = os.sched_getaffinity(0)
+  chosen = set(sorted(process)[:cores])
+  try:
+    for tid in before:
+      with contextlib.suppress(OSError):
+        os.sched_setaffinity(tid, chosen)
+    yield tuple(sorted(chosen))
+  finally:
+    for tid in threads():
+      with contextlib.suppress(OSError):
+        os.sched_setaffinity(tid, before.get(tid, process))
 
 
 def _in_order(op, *inputs):
@@ -144,7 +205,7 @@ def _update_function(optimizer, variables):
 
 
 def measure_module_costs(trainer, features, labels, repeats=10,
-                         microbatches=1):
+                         microbatches=1, cores=1):
   """Times each op of each module of a built `InterlockTrainer`.
 
   With `microbatches` = M > 1 the costs are those of one microbatch's ops
@@ -161,12 +222,16 @@ def measure_module_costs(trainer, features, labels, repeats=10,
     labels: the matching labels.
     repeats: timed calls per op.
     microbatches: M, which must divide the batch.
+    cores: the cores one op holds in the schedule model (the plan's intra-op
+      threads per device): the process is pinned to that many while the
+      ops are timed (`holding_cores`).
 
   Returns:
     A list of K `schedule.ModuleCost`.
 
   Raises:
-    ValueError: for M < 1 or an M that does not divide the batch.
+    ValueError: for M < 1 or an M that does not divide the batch, or
+      cores < 1.
   """
   batch = int(labels.shape[0])
   if isinstance(microbatches, bool) or not isinstance(
@@ -174,6 +239,8 @@ def measure_module_costs(trainer, features, labels, repeats=10,
     raise ValueError(f"microbatches must be an int >= 1 that divides the "
                      f"batch of {batch}. Received: "
                      f"microbatches={microbatches!r}")
+  if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+    raise ValueError(f"cores must be an int >= 1. Received: cores={cores!r}")
   m = microbatches
   costs = []
   h = tf.convert_to_tensor(features)
@@ -188,7 +255,7 @@ def measure_module_costs(trainer, features, labels, repeats=10,
       ops = _op_functions(k, module, xs, cots, labels, trainer.step)
 
       def time_of(fn):
-        return _median_time(fn, repeats, calls=m)
+        return _median_time(fn, repeats, calls=m, cores=cores)
 
       f = time_of(ops["forward"])
       # F_{K-1} holds the true loss, its metrics and dL/dh_{K-1}.
@@ -201,7 +268,8 @@ def measure_module_costs(trainer, features, labels, repeats=10,
       a = 0.0 if last or not module.has_aux_head else time_of(
           ops["aux"](hs))
       u = _median_time(_update_function(trainer.optimizers[k],
-                                        trainer.variables(k)), repeats)
+                                        trainer.variables(k)), repeats,
+                       cores=cores)
     costs.append(schedule.ModuleCost(forward=f + loss, input_vjp=bx,
                                      weight_vjp=bw,
                                      aux=a, update=u, fused_vjp=fused,
@@ -210,7 +278,7 @@ def measure_module_costs(trainer, features, labels, repeats=10,
 
 
 def repeated_module_costs(trainer, features, labels, repetitions=3,
-                          repeats=10, microbatches=1):
+                          repeats=10, microbatches=1, cores=1):
   """`measure_module_costs` `repetitions` times: the median, min and max of
   every op's cost over the repetitions.
 
@@ -229,7 +297,7 @@ def repeated_module_costs(trainer, features, labels, repetitions=3,
     raise ValueError(f"repetitions must be an int >= 1. "
                      f"Received: repetitions={repetitions!r}")
   runs = [measure_module_costs(trainer, features, labels, repeats,
-                                microbatches)
+                                microbatches, cores)
           for _ in range(repetitions)]
   fields = [f.name for f in dataclasses.fields(schedule.ModuleCost)]
 
