@@ -20,7 +20,6 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
-from tf_interlock import owned_dir
 from step_model import memory
 from step_model import profiling
 from step_model import schedule
@@ -29,6 +28,7 @@ from train import config as config_lib
 from train import datasets
 from train import networks
 from train import optimization
+from train import owned_dir
 
 NUM_CLASSES = 10
 # "e2e-m4": a strategy trained with 4 microbatches per step (GPipe-style).

@@ -37,8 +37,8 @@ from train import runtime_env  # noqa: F401  (before TensorFlow)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from tf_interlock import owned_dir  # noqa: E402
 from train import error_boundary  # noqa: E402
+from train import owned_dir  # noqa: E402
 
 _ROLE = flags.DEFINE_enum("role", "parent", ["parent", "profile", "cluster",
                                              "simulated"],

@@ -47,16 +47,16 @@ import tensorflow as tf
 from layers.aux_heads import SequenceAuxHead
 from layers.transformer import TransformerBlock
 from tf_interlock import losses
-from tf_interlock import paths
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
-from tf_interlock import owned_dir
 from step_model import representation
 from train import config as config_lib
 from train import datasets
 from train import error_boundary
 from train import networks
 from train import optimization
+from train import owned_dir
+from train import paths
 from train import runtime_setup
 
 ABLATIONS = ("none", "block_norms_off", "head_norm_off", "norms_off",

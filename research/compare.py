@@ -41,10 +41,10 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from tf_interlock import paths
 from train import config as config_lib
 from train import error_boundary
 from train import flags_lib
+from train import paths
 from train import run_dir
 from research import study_lib
 from research import study_report

@@ -41,12 +41,12 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from tf_interlock import paths
 from tf_interlock import placement
 from step_model import schedule
 from step_model import threading_plan
 from train import config as config_lib
 from train import error_boundary
+from train import paths
 
 _DEVICES = flags.DEFINE_integer(
     "devices", 2, "Logical CPU devices of the process (>= 2).")

@@ -44,12 +44,12 @@ import time
 from absl import app
 from absl import flags
 
-from tf_interlock import paths
-from tf_interlock import owned_dir
 from step_model import threading_plan
 from research import benchmark_lib
 from train import config as config_lib
 from train import error_boundary
+from train import owned_dir
+from train import paths
 from research import validation_report
 
 # name -> (K, devices, intra-op threads per device).

@@ -27,12 +27,12 @@ import tempfile
 from absl import app
 from absl import flags
 import tensorflow as tf
-from tf_interlock import owned_dir
 
 from step_model import schedule
 from step_model import threading_plan
 from train import config as config_lib
 from train import error_boundary
+from train import owned_dir
 
 _PRESETS = flags.DEFINE_list(
     "presets", ["fashion_mnist_resnet", "fortunes_lm", "synthetic_mlp"],

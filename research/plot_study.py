@@ -23,7 +23,7 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_interlock import owned_dir
+from train import owned_dir
 
 _STUDIES = flags.DEFINE_list(
     "studies", ["docs/results/study_fashion_mnist",

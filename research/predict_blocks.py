@@ -20,8 +20,8 @@ from absl import flags
 
 from research import benchmark_lib
 from step_model import schedule
-from tf_interlock import owned_dir
 from train import error_boundary
+from train import owned_dir
 
 _PROFILE = flags.DEFINE_string(
     "profile", None, "A research.benchmark --role=profile JSON report.")

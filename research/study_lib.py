@@ -27,7 +27,6 @@ from typing import Optional
 import tensorflow as tf
 
 from tf_interlock import strategy as strategy_lib
-from tf_interlock import owned_dir
 from step_model import projection
 from step_model import schedule
 from train import config as config_lib
@@ -35,6 +34,7 @@ from research import legacy_heads
 from research import study_clock
 from research import study_owner
 from research import study_store
+from train import owned_dir
 from train import stop_watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

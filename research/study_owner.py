@@ -5,7 +5,7 @@ a `train.train` model_dir, plus logs and reports. An unfinished run is
 restarted from scratch (a clean training clock), which deletes what is in
 its folder; a user's own run, or one from another study, in the same place
 must never be deleted. So every folder compare creates is an owned folder
-(`tf_interlock.owned_dir`, the scheme exports and run directories follow
+(`train.owned_dir`, the scheme exports and run directories follow
 too), with a marker naming its owner:
 
 * out_dir/compare_study.json: {"owner": <study id>}, written when compare
@@ -27,8 +27,8 @@ import uuid
 
 import tensorflow as tf
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
+from train import owned_dir
+from train import paths
 from train import run_dir as run_dir_lib
 from train import run_lock
 

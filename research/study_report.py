@@ -18,14 +18,14 @@ import platform
 import tensorflow as tf
 
 from tf_interlock import metric_names
-from tf_interlock import owned_dir
 from tf_interlock import placement as placement_lib
-from tf_interlock import paths
 from step_model import projection
 from research import legacy_heads
 from research import study_lib
 from research import study_owner
 from research import study_store
+from train import owned_dir
+from train import paths
 
 PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
          "metric_vs_predicted_seconds.png")

@@ -13,8 +13,8 @@ import numbers
 
 import tensorflow as tf
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
+from train import owned_dir
+from train import paths
 
 _NUMBER = numbers.Real
 # What a stored result.json / module_costs.json must hold to be reused.

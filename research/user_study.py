@@ -48,10 +48,10 @@ import keras
 import tensorflow as tf
 
 import tf_interlock as ti
-from tf_interlock import paths
-from tf_interlock import owned_dir
 from research import study_lib
 from research import study_report
+from train import owned_dir
+from train import paths
 
 METRICS = ("accuracy", "perplexity")
 PLACEMENTS = ("simulated", "single")

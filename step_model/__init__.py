@@ -7,7 +7,8 @@ that prediction:
 
 * `schedule`: the list-scheduling model (`simulate`, `ModuleCost`).
 * `profiling`: times each module's forward, VJPs, aux head and update on its
-  device (through `tf_interlock.module_ops`, the engine's public ops).
+  device (through `module_ops`, one module's loss and VJPs on the engine's
+  public methods).
 * `threading_plan`: how many logical devices, threads and modules per device
   a simulated placement runs on a host's cores.
 * `transfer`: the link probe (seconds per byte between two devices).

@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 
 from layers import partition
-from tf_interlock import module_ops
+from step_model import module_ops
 from step_model import schedule
 
 
@@ -134,7 +134,7 @@ def _op_functions(k, module, xs, cots, labels, step):
   """tf.functions for module k's forward and VJPs, each run on every
   microbatch of `xs` in order (closures: arguments of a tf.function would
   be captured by value and lose their gradients). The ops are the engine's
-  own, through its public `module_ops`."""
+  own, through `module_ops` (the engine's public methods)."""
 
   def final_loss_op(h, y):
     # The last module's L_{K-1} = loss(h, y) and its cotangent at h: inside

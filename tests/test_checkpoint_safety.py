@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tests.binaries import ROOT, run_main, tree_digest
-from tf_interlock import export_dir as export_dir_lib
+from train import export_dir as export_dir_lib
 from train import run_lock
 from train import config as config_lib
 from train import error_boundary

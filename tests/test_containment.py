@@ -19,8 +19,8 @@ import pytest
 from tests import hold
 from tests.binaries import (ROOT, one_error, run_binary, run_main,
                             tree_digest, user_folder)
-from tf_interlock import export_dir as export_dir_lib
-from tf_interlock import owned_dir
+from train import export_dir as export_dir_lib
+from train import owned_dir
 
 # The binaries against links and pointers that lead outside their folders:
 # make test-slow (and CI) runs them.

@@ -1,4 +1,8 @@
-"""Tests for the SavedModel export of interlocking modules and its exits."""
+"""The plain SavedModel export of interlocking modules and its exits.
+
+Owned exports (a marker, the safe replace of an earlier one) are the
+binaries' and are tested in tests/test_export_dir.py.
+"""
 
 import collections
 import json
@@ -19,7 +23,6 @@ from layers.interlock_module import InterlockModule
 from tests import helpers
 from tf_interlock import exits
 from tf_interlock import export
-from tf_interlock import export_dir as export_dir_lib
 
 Exported = collections.namedtuple(
     "Exported", ["modules", "path", "inputs", "expected"])
@@ -76,13 +79,13 @@ def lm_export(tmp_path_factory):
                  tmp_path_factory.mktemp("lm") / "export")
 
 
-def _mlp_export(path, seed=0, **kwargs):
+def _mlp_export(path, seed=0):
   """A fast two-module MLP export, for the file-handling tests."""
   modules = helpers.mlp_modules(2, seed=seed)
   x, _ = helpers.batch()
   exits.build(modules, x)
-  export.export_saved_model(
-      modules, tf.TensorSpec((None, 6), tf.float32), path, **kwargs)
+  return export.export_saved_model(
+      modules, tf.TensorSpec((None, 6), tf.float32), path)
 
 
 def _nodes(signature):
@@ -203,7 +206,7 @@ def test_refuses_to_overwrite_a_non_empty_dir(tmp_path):
   path.mkdir()
   (path / "notes.txt").write_text("keep me")
   with pytest.raises(ValueError, match="Received: export_dir=") as info:
-    _mlp_export(path, owner="run-a")
+    _mlp_export(path)
   assert "\n" not in str(info.value)
   assert os.listdir(path) == ["notes.txt"]
   assert os.listdir(tmp_path) == ["export"]
@@ -216,44 +219,16 @@ def test_exports_into_an_existing_empty_dir(tmp_path):
   assert os.listdir(tmp_path) == ["export"]
 
 
-def test_an_export_of_the_same_owner_is_replaced_whole(tmp_path):
+def test_the_export_is_a_plain_saved_model_never_replaced(tmp_path):
   path = tmp_path / "export"
-  _mlp_export(path, seed=0, owner="run-a")
-  _mlp_export(path, seed=1, owner="run-a")
-  assert os.listdir(tmp_path) == ["export"]  # No temp or backup dir left.
-  assert export_dir_lib.read_marker(path)["owner"] == "run-a"
-  x, _ = helpers.batch()
-  reference = helpers.mlp_modules(2, seed=1)
-  h = reference[0](x)
-  loaded = export.load_exported(path)
-  np.testing.assert_allclose(
-      loaded.signatures["serving_default"](inputs=x)["logits"],
-      reference[1](h), atol=1e-5)
-
-
-@pytest.mark.parametrize("extra", ["stale.txt", "run/config.json",
-                                   "variables/notes.txt"])
-def test_an_own_export_holding_other_files_is_kept(tmp_path, extra):
-  path = tmp_path / "export"
-  _mlp_export(path, seed=0, owner="run-a")
-  (path / extra).parent.mkdir(parents=True, exist_ok=True)
-  (path / extra).write_text("not written by the export")
+  assert _mlp_export(path) == str(path)
+  # What tf.saved_model.save writes, and nothing of ours: no marker.
+  assert sorted(os.listdir(path)) == ["assets", "fingerprint.pb",
+                                      "saved_model.pb", "variables"]
   before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
-  with pytest.raises(ValueError, match="entries the export did not write"):
-    _mlp_export(path, seed=1, owner="run-a")
-  assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
-  assert os.listdir(tmp_path) == ["export"]
-
-
-@pytest.mark.parametrize("first_owner, second_owner", [
-    ("run-a", "run-b"), ("run-a", None), (None, None), (None, "run-a")])
-def test_an_export_of_another_owner_is_kept(tmp_path, first_owner,
-                                            second_owner):
-  path = tmp_path / "export"
-  _mlp_export(path, owner=first_owner)
-  before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
-  with pytest.raises(ValueError, match="not an export of this run"):
-    _mlp_export(path, seed=1, owner=second_owner)
+  with pytest.raises(ValueError, match="is not empty") as info:
+    _mlp_export(path, seed=1)  # an earlier export is the user's to remove
+  assert str(info.value).endswith(f"Received: export_dir={str(path)!r}")
   assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
   assert os.listdir(tmp_path) == ["export"]
 
@@ -271,80 +246,16 @@ def test_a_file_in_the_way_is_one_line(tmp_path, make, words):
   assert "\n" not in str(info.value)
 
 
-def test_leftovers_of_a_killed_export_are_removed_only_if_ours(tmp_path):
-  path = tmp_path / "export"
-  _mlp_export(path, owner="run-a")
-  ours = tmp_path / ".export.tmp-deadbeef"  # killed mid-write: marker first
-  shutil.copytree(path, ours)
-  (ours / "variables").rename(tmp_path / "scratch")
-  empty = tmp_path / ".export.old-0badc0de"  # killed before anything
-  empty.mkdir()
-  theirs = tmp_path / ".export.tmp-feedface"  # same pattern, not ours
-  theirs.mkdir()
-  (theirs / "user.txt").write_text("keep")
-  _mlp_export(path, seed=1, owner="run-a")
-  assert sorted(os.listdir(tmp_path)) == [".export.tmp-feedface", "export",
-                                          "scratch"]
-  assert (theirs / "user.txt").read_text() == "keep"
-
-
-def test_an_export_killed_while_writing_is_removed_by_the_next(tmp_path):
-  # SIGKILL inside tf.saved_model.save: the temporary folder holds the
-  # SavedModel's entries and the first marker, which lists only itself.
-  path = tmp_path / "export"
-  _mlp_export(path, owner="run-a")
-  killed = tmp_path / ".export.tmp-0123abcd"
-  shutil.copytree(path, killed)
-  marker = json.loads((killed / export_dir_lib.MARKER).read_text())
-  marker["files"] = [export_dir_lib.MARKER]
-  (killed / export_dir_lib.MARKER).write_text(json.dumps(marker))
-  other = tmp_path / ".export.tmp-4567cdef"  # the same, plus a user's file
-  shutil.copytree(killed, other)
-  (other / "user.txt").write_text("keep")
-  _mlp_export(path, seed=1, owner="run-a")
-  assert sorted(os.listdir(tmp_path)) == [".export.tmp-4567cdef", "export"]
-  assert (other / "user.txt").read_text() == "keep"
-
-
-def test_a_complete_export_left_aside_is_put_back_not_deleted(tmp_path):
-  # Killed between the two moves of a replace: export/ is gone and the only
-  # complete export is .export.old-*; the next export must not delete it.
-  path = tmp_path / "export"
-  _mlp_export(path, owner="run-a")
-  before = (path / "saved_model.pb").read_bytes()
-  aside = tmp_path / ".export.old-0123abcd"
-  path.rename(aside)
-  export_dir_lib.remove_stale(str(path), "run-a")
-  assert sorted(os.listdir(tmp_path)) == ["export"]
-  assert (path / "saved_model.pb").read_bytes() == before
-
-
-def test_a_file_added_during_the_export_is_kept(tmp_path, monkeypatch):
-  path = tmp_path / "export"
-  _mlp_export(path, owner="run-a")
-  save = tf.saved_model.save
-
-  def save_then_user_writes(obj, export_dir, signatures=None):
-    save(obj, export_dir, signatures=signatures)
-    (path / "NOTES.txt").write_text("mine")  # after the ownership check
-
-  monkeypatch.setattr(tf.saved_model, "save", save_then_user_writes)
-  with pytest.raises(ValueError, match="changed during the export.*NOTES"):
-    _mlp_export(path, seed=1, owner="run-a")
-  assert (path / "NOTES.txt").read_text() == "mine"
-  assert sorted(os.listdir(tmp_path)) == ["export"]
-
-
 def test_export_and_load_on_the_ram_filesystem(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   path = "ram://export_test/a/export"
-  _mlp_export(path, owner="run-r")
-  _mlp_export(path, seed=1, owner="run-r")  # replace: copy, not rename
-  assert sorted(tf.io.gfile.listdir("ram://export_test/a")) == ["export"]
+  _mlp_export(path)
+  with pytest.raises(ValueError, match="is not empty"):
+    _mlp_export(path, seed=1)
   loaded = export.load_exported(path)
-  assert export_dir_lib.read_marker(path)["owner"] == "run-r"
+  assert "interlock_export.json" not in tf.io.gfile.listdir(path)
   x, _ = helpers.batch()
-  reference = helpers.mlp_modules(2, seed=1)
+  reference = helpers.mlp_modules(2, seed=0)
   np.testing.assert_allclose(
       loaded.signatures["serving_default"](inputs=x)["logits"],
       reference[1](reference[0](x)), atol=1e-5)
@@ -358,24 +269,6 @@ def test_truncated_variables_give_a_one_line_error(tmp_path):
   with pytest.raises(ValueError, match="damaged or truncated") as info:
     export.load_exported(tmp_path / "export")
   assert "\n" not in str(info.value)
-
-
-def test_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
-  path = tmp_path / "export"
-  _mlp_export(path, owner="run-a")
-  before = (path / "saved_model.pb").read_bytes()
-
-  def failing_save(obj, export_dir, signatures=None):
-    del obj, signatures
-    with open(os.path.join(export_dir, "saved_model.pb"), "wb") as f:
-      f.write(b"half")
-    raise OSError("disk full")
-
-  monkeypatch.setattr(tf.saved_model, "save", failing_save)
-  with pytest.raises(OSError, match="disk full"):
-    _mlp_export(path, owner="run-a")
-  assert (path / "saved_model.pb").read_bytes() == before
-  assert os.listdir(tmp_path) == ["export"]
 
 
 @pytest.mark.parametrize("remove, missing", [

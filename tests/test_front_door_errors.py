@@ -1,6 +1,8 @@
 """Misuse of the Keras front door and a malformed TF_CONFIG: one line that
 names the value (tf_interlock/fit_arguments.py, train/multi_worker.py)."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -90,22 +92,22 @@ def test_compile_caps_steps_per_execution(value):
   assert str(e.value).endswith(f"Received: steps_per_execution={value!r}")
 
 
-def test_a_model_replaces_its_own_export_and_no_one_elses(tmp_path):
+def test_a_model_exports_into_a_new_folder_and_replaces_none(tmp_path):
   model = _model()
   model.fit(X, Y, batch_size=16, verbose=0)
   target = str(tmp_path / "export")
   model.export_saved_model(target)
-  model.fit(X, Y, batch_size=16, verbose=0)  # weights change
-  model.export_saved_model(target)  # its own export: replaced
   loaded = tf.saved_model.load(target)
   want = model.predict(X[:4], verbose=0)
   got = loaded.signatures["serving_default"](tf.constant(X[:4]))
   np.testing.assert_allclose(list(got.values())[0].numpy(), want, rtol=1e-5,
                              atol=1e-5)
-  other = _model()
-  other.fit(X, Y, batch_size=16, verbose=0)
-  with pytest.raises(ValueError, match="not an export of this run"):
-    other.export_saved_model(target)  # another model's export: refused
+  before = sorted(os.listdir(target))
+  model.fit(X, Y, batch_size=16, verbose=0)  # weights change
+  with pytest.raises(ValueError, match="is not empty") as info:
+    model.export_saved_model(target)  # even its own export: refused
+  assert str(info.value).endswith(f"Received: export_dir={target!r}")
+  assert sorted(os.listdir(target)) == before
 
 
 @pytest.mark.parametrize("text, words", [

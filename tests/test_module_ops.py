@@ -1,4 +1,4 @@
-"""tf_interlock.module_ops: one module's loss and VJPs equal the engine's.
+"""step_model.module_ops: one module's loss and VJPs equal the engine's.
 
 On the shared doc's worked example (tests/test_worked_example.py: K = 3
 scalar modules h_k = w_k h_{k-1}, w = (2, 3, 4), aux heads a = (1, 1), x = 1,
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
-from tf_interlock import module_ops
+from step_model import module_ops
 from tf_interlock.trainer import InterlockTrainer
 
 

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from tests.binaries import ROOT
 from tf_interlock import evaluation
-from tf_interlock import export_dir as export_dir_lib
 from train import config as config_lib
+from train import export_dir as export_dir_lib
 from train import run_io
 from train import train_lib
 

@@ -11,8 +11,8 @@ import uuid
 import pytest
 import tensorflow as tf
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
+from train import owned_dir
+from train import paths
 from train import run_dir
 from train import run_lock
 from train.run_dir import RunDir

@@ -17,8 +17,8 @@ from research import study_owner
 from research import study_store
 from tests import refusals
 from tests.binaries import run_main, tree_digest
-from tf_interlock import export_dir as export_dir_lib
-from tf_interlock import owned_dir
+from train import export_dir as export_dir_lib
+from train import owned_dir
 from train.data import text as text_lib
 
 # Every run file we read, made hostile, through the binaries' mains:

@@ -257,7 +257,7 @@ def test_a_data_dir_without_room_is_one_line_and_keeps_nothing(tmp_path):
 
 
 def test_an_atomic_write_that_fails_leaves_no_temporary_file(tmp_path):
-  code = ("import sys\nfrom tf_interlock import paths\n"
+  code = ("import sys\nfrom train import paths\n"
           "try:\n  paths.write_atomic(sys.argv[1], 'x' * 500000)\n"
           "except Exception as e:\n  print(type(e).__name__)\n")
   proc = subprocess.run(

@@ -9,22 +9,10 @@ are named in one line. `tf_interlock.cluster.connect` waits so first.
 """
 
 import re
-import socket
 import time
 
 # Seconds the client waits for every worker to accept connections.
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
-
-
-def reachable(address, timeout_s):
-  """Whether host:port `address` accepts a TCP connection within timeout_s."""
-  host, _, port = address.rpartition(":")
-  try:
-    with socket.create_connection((host.strip("[]"), int(port)),
-                                  timeout=timeout_s):
-      return True
-  except OSError:
-    return False
 
 
 def worker_status(address, timeout_s):

@@ -165,7 +165,8 @@ class InterlockStep:
     """Module k's own loss L_k, as the step trains it.
 
     Public for tools that time or inspect one module's ops
-    (`module_ops.module_loss`); the step itself calls it for every loss.
+    (`step_model.module_ops.module_loss`); the step itself calls it for
+    every loss.
 
     Args:
       k: the module (0-based): its aux head's loss, or the true loss for

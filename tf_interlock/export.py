@@ -19,8 +19,10 @@ LayerNormalization, cuts the gradient through the mean it subtracts. In the
 forward pass a StopGradient is an identity, so the export rewrites every one
 into an `Identity` op, which has the same input, output and attribute.
 
-The export directory's ownership (its marker file, the refusal of foreign
-files, the swap of an old export for a new one) is `tf_interlock.export_dir`.
+The export is a plain SavedModel, written into a missing or empty folder.
+Who owns a folder, and replacing an earlier export safely, is the training
+binaries' policy (`train.export_dir`): they write through
+`saved_model_writer` into a folder of their own and move it into place.
 """
 
 import os
@@ -28,10 +30,7 @@ import os
 import tensorflow as tf
 
 from tf_interlock import exits as exits_lib
-from tf_interlock import export_dir as export_dir_lib
 from tf_interlock import metric_names
-from tf_interlock import owned_dir
-from tf_interlock import paths
 from tf_interlock import tf_private
 
 SERVING_KEY = "serving_default"
@@ -105,7 +104,7 @@ def _signatures(modules, input_spec):
 
 def _stop_gradients_to_identities(saved_model_dir):
   """Rewrites every StopGradient op of a SavedModel into an Identity op."""
-  path = paths.join(saved_model_dir, "saved_model.pb")
+  path = os.path.join(saved_model_dir, "saved_model.pb")
   proto = tf_private.saved_model_proto()
   with tf.io.gfile.GFile(path, "rb") as f:
     proto.ParseFromString(f.read())
@@ -114,40 +113,32 @@ def _stop_gradients_to_identities(saved_model_dir):
       if node.op == "StopGradient":
         node.op = "Identity"
   # Removed first: some file systems (TF's ram://) append on "w".
-  owned_dir.remove(saved_model_dir, path)
+  tf.io.gfile.remove(path)
   with tf.io.gfile.GFile(path, "wb") as f:
     f.write(proto.SerializeToString())
   # fingerprint.pb holds a hash of saved_model.pb: recompute it, so that it
   # describes the rewritten graph.
-  fingerprint = paths.join(saved_model_dir, "fingerprint.pb")
-  owned_dir.remove(saved_model_dir, fingerprint)
+  fingerprint = os.path.join(saved_model_dir, "fingerprint.pb")
+  if tf.io.gfile.exists(fingerprint):
+    tf.io.gfile.remove(fingerprint)
   tf_private.write_saved_model_fingerprint(saved_model_dir)
 
 
-def export_saved_model(modules, input_spec, export_dir, *, owner=None,
-                       metadata=None):
-  """Writes the modules as a SavedModel with one signature per exit.
+def saved_model_writer(modules, input_spec):
+  """Traces every signature now; returns `write(directory)`, which saves.
 
-  The SavedModel is written next to `export_dir` and moved into place by
-  `export_dir.write_owned`, so an interrupted export never leaves a
-  half-written `export_dir` behind, and an existing directory is replaced
-  only when it is this owner's earlier export.
+  The mechanism under `export_saved_model`, for a caller that decides
+  itself where the SavedModel may go: `write` saves into `directory`
+  whatever it holds already (the training binaries write into a temporary
+  folder of their own, `train.export_dir`).
 
   Args:
     modules: the K built `InterlockModule`s, in depth order.
-    input_spec: `tf.TensorSpec` of the network input, batch axis included
-      (usually None), e.g. `tf.TensorSpec([None, 32, 32, 3], tf.float32)`;
-      for a model of several inputs a dict (or list) of them, served as
-      one named argument each.
-    export_dir: directory to create (local path or URL).
-    owner: an id (e.g. a training run's) written into the marker; an
-      existing export is replaced only if its marker names the same owner.
-      None: only a missing or empty `export_dir` is written.
-    metadata: JSON-serializable dict stored in the marker (e.g. the run's
-      model_dir and config), read back by `export_dir.read_marker`.
+    input_spec: see `export_saved_model`.
 
   Returns:
-    The normalized path of the export.
+    `write(directory)`: writes the SavedModel into `directory` (made if
+    missing; local path or URL).
   """
   modules = list(modules)
   if not modules:
@@ -157,7 +148,6 @@ def export_saved_model(modules, input_spec, export_dir, *, owner=None,
              for s in tf.nest.flatten(input_spec)):
     raise TypeError(f"input_spec must be a tf.TensorSpec (or a dict or list "
                     f"of them). Received: input_spec={input_spec!r}")
-  export_dir_lib.check_export_target(export_dir, owner)  # before tracing
   root = tf.Module(name="interlock_export")
   # Named attributes, not a list: Keras 3 layers in a Python list attribute
   # of a tf.Module are not tracked, and their variables would not be saved.
@@ -179,8 +169,51 @@ def export_saved_model(modules, input_spec, export_dir, *, owner=None,
     tf.saved_model.save(root, directory, signatures=signatures)
     _stop_gradients_to_identities(directory)
 
-  return export_dir_lib.write_owned(export_dir, write, owner=owner,
-                                    metadata=metadata)
+  return write
+
+
+def _check_target(export_dir):
+  """Raises unless `export_dir` is missing or an empty folder, and no file
+  is in its way (a deep NotADirectoryError after tracing, else)."""
+  received = f"Received: export_dir={export_dir!r}"
+  target = export_dir if "://" in export_dir else os.path.abspath(
+      export_dir)
+  blocker = target
+  while "://" not in blocker and not os.path.exists(blocker):
+    blocker = os.path.dirname(blocker)  # a URL's store has no files above
+  if tf.io.gfile.exists(blocker) and not tf.io.gfile.isdir(blocker):
+    where = ("is a file, not a folder" if blocker == target else
+             f"lies under the file {blocker}")
+    raise ValueError(f"export_dir={export_dir} {where}; nothing was "
+                     f"written: pick a new folder. {received}")
+  if not tf.io.gfile.exists(export_dir):
+    return
+  if tf.io.gfile.listdir(export_dir):
+    raise ValueError(
+        f"export_dir={export_dir} is not empty; nothing was written: an "
+        f"export goes into a new or empty folder, so remove the old one or "
+        f"pick another. {received}")
+
+
+def export_saved_model(modules, input_spec, export_dir):
+  """Writes the modules as a SavedModel with one signature per exit.
+
+  Args:
+    modules: the K built `InterlockModule`s, in depth order.
+    input_spec: `tf.TensorSpec` of the network input, batch axis included
+      (usually None), e.g. `tf.TensorSpec([None, 32, 32, 3], tf.float32)`;
+      for a model of several inputs a dict (or list) of them, served as
+      one named argument each.
+    export_dir: the folder to write (local path or URL): missing or empty.
+      Anything else is refused before tracing, and nothing is written.
+
+  Returns:
+    `export_dir`, as a string.
+  """
+  export_dir = os.fspath(export_dir)
+  _check_target(export_dir)  # before tracing
+  saved_model_writer(modules, input_spec)(export_dir)
+  return export_dir
 
 
 def load_exported(export_dir):
@@ -193,19 +226,19 @@ def load_exported(export_dir):
     The object of `tf.saved_model.load`; call `loaded.signatures[name]
     (inputs=x)["logits"]` with a name of `[SERVING_KEY] + exit_names(...)`.
   """
-  path = paths.normalize(export_dir)
-  received = f"Received: export_dir={os.fspath(export_dir)!r}"
+  path = os.fspath(export_dir)
+  received = f"Received: export_dir={path!r}"
   if not tf.io.gfile.isdir(path):
     raise ValueError(f"No SavedModel directory at {path}. {received}")
-  variables = paths.join(path, "variables")
+  variables = os.path.join(path, "variables")
   has_data = tf.io.gfile.isdir(variables) and any(
       name.startswith("variables.data-")
       for name in tf.io.gfile.listdir(variables))
   required = {
-      "saved_model.pb": tf.io.gfile.exists(paths.join(path,
-                                                      "saved_model.pb")),
+      "saved_model.pb": tf.io.gfile.exists(os.path.join(path,
+                                                         "saved_model.pb")),
       "variables/variables.index": tf.io.gfile.exists(
-          paths.join(variables, "variables.index")),
+          os.path.join(variables, "variables.index")),
       "variables/variables.data-*": has_data,
   }
   missing = [name for name, present in required.items() if not present]

@@ -1,13 +1,11 @@
 """Checks of the Keras front door's arguments: one line that says what to do.
 
-`from_keras`, `InterlockModel.compile`, `fit` and `export_saved_model`
-call these first, so that a bad argument is refused in one line naming
-the value and what is allowed, ending like Keras's "Received: name=value",
-instead of an IndexError, a TypeError about `<=` or a TF shape error from
-deep inside tracing.
+`from_keras`, `InterlockModel.compile` and `fit` call these first, so
+that a bad argument is refused in one line naming the value and what is
+allowed, ending like Keras's "Received: name=value", instead of an
+IndexError, a TypeError about `<=` or a TF shape error from deep inside
+tracing.
 """
-
-import uuid
 
 import keras
 
@@ -122,14 +120,3 @@ def check_example_shape(x, example_shape):
     raise ValueError(
         f"x's examples have shape {shape}, but the model takes examples of "
         f"shape {want} (None: any size). Received: x.shape={tuple(x.shape)}")
-
-
-def export_owner(model):
-  """The id a model writes into its exports' markers (made once per model
-  object), so that exporting it again to the same folder replaces its own
-  earlier export while anything else there is still refused."""
-  owner = getattr(model, "_interlock_export_owner", None)
-  if owner is None:
-    owner = f"model-{uuid.uuid4().hex}"
-    object.__setattr__(model, "_interlock_export_owner", owner)
-  return owner

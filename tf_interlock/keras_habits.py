@@ -75,6 +75,6 @@ def check_export(format, input_signature, kwargs):  # pylint: disable=redefined-
         f"InterlockModel.export writes export_saved_model's SavedModel "
         f"(format='tf_saved_model', no input_signature: the built input "
         f"shape, one signature per exit); call "
-        f"model.export_saved_model(dir) for its options. Received: "
+        f"model.export_saved_model(dir) for the SavedModel alone. Received: "
         f"format={format!r}, input_signature={input_signature!r}, "
         f"other arguments={sorted(kwargs)}")

@@ -561,12 +561,12 @@ class InterlockModel(keras.Model):
       self._predict_exit = None
     return out
 
-  def export_saved_model(self, export_dir, **kwargs):
+  def export_saved_model(self, export_dir):
     """Writes the device-free SavedModel with one signature per exit.
 
     Args:
-      export_dir: directory to create (local path or URL).
-      **kwargs: passed on to `tf_interlock.export.export_saved_model`.
+      export_dir: the folder to write (local path or URL), missing or
+        empty (`tf_interlock.export.export_saved_model`).
 
     Returns:
       The export's path.
@@ -574,10 +574,9 @@ class InterlockModel(keras.Model):
     if not self.built:
       raise ValueError("Build or fit the model before exporting it. "
                        "Received: built=False")
-    kwargs.setdefault("owner", fit_arguments.export_owner(self))
     spec = input_nest.specs(self._input_shape, self._input_dtype)
     return export_lib.export_saved_model(self.interlock_modules, spec,
-                                         export_dir, **kwargs)
+                                         export_dir)
 
   def export(self, filepath, format="tf_saved_model", verbose=None,  # pylint: disable=redefined-builtin
              input_signature=None, **kwargs):

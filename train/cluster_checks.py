@@ -1,17 +1,19 @@
 """Diagnostics of a cluster's workers after a fault.
 
 The binaries' side of `tf_interlock.cluster`: after a runtime error, one
-line naming the worker it came from, which TF's errors do not. (The
-bounded wait before the connect is the library's: `cluster_wait`.)
+line naming the worker it came from, which TF's errors do not; and the
+plain TCP probe the binaries try an address with (`reachable`). (The
+bounded wait before the connect is the library's: `cluster_wait`, which
+`connect` runs.)
 """
 
 import re
+import socket
 import time
 
 import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
-from tf_interlock import cluster_wait
 
 JOB = cluster_lib.JOB
 # A task named in TF's error messages, e.g. "/job:worker/replica:0/task:1".
@@ -20,6 +22,17 @@ _PORT_IN_ERROR = re.compile(r"ipv[46]:\[?([^\s\]]+?)\]?:(\d+)")
 # Seconds a runtime error naming no worker waits for one to refuse
 # connections: a worker that is still going down may accept for a moment.
 DEAD_WORKER_WINDOW_S = 10.0
+
+
+def reachable(address, timeout_s):
+  """Whether host:port `address` accepts a TCP connection within timeout_s."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)),
+                                  timeout=timeout_s):
+      return True
+  except OSError:
+    return False
 
 
 def refusing_tasks(addresses, window_s=DEAD_WORKER_WINDOW_S):
@@ -39,7 +52,7 @@ def refusing_tasks(addresses, window_s=DEAD_WORKER_WINDOW_S):
   deadline = time.monotonic() + window_s
   while True:
     tasks = [t for t, address in enumerate(addresses)
-             if not cluster_wait.reachable(address, 2.0)]
+             if not reachable(address, 2.0)]
     if tasks or time.monotonic() >= deadline:
       return tasks
     time.sleep(0.5)

@@ -91,7 +91,8 @@ def resolve_tpu(config):
   silent = [address for tasks in resolver.cluster_spec().as_dict().values()
             for address in (tasks.values() if isinstance(tasks, dict)
                             else tasks)
-            if not cluster_wait.reachable(address, TPU_CONNECT_TIMEOUT_S)]
+            if not cluster_checks.reachable(address,
+                                            TPU_CONNECT_TIMEOUT_S)]
   if silent:
     config_lib.fail("tpu", config.devices.tpu, f"cannot reach the TPU: nothing "
                     f"accepts connections at {', '.join(silent)} within "

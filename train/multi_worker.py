@@ -28,10 +28,10 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
 from tf_interlock import replicas as replicas_lib
 from train import config as config_lib
+from train import owned_dir
+from train import paths
 from train import placement_runtime
 
 _TEMP_PREFIX = "tf_interlock_task_"

@@ -23,10 +23,10 @@ import uuid
 from google.protobuf import text_format
 import tensorflow as tf
 
-from tf_interlock import export_dir as export_dir_lib
-from tf_interlock import owned_dir
-from tf_interlock import paths
 from tf_interlock import tf_private
+from train import export_dir as export_dir_lib
+from train import owned_dir
+from train import paths
 
 CONFIG = "config.json"
 RUN_INFO = "run.json"

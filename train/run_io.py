@@ -13,12 +13,11 @@ import typing
 import tensorflow as tf
 
 from tf_interlock import exits as exits_lib
-from tf_interlock import export as export_lib
-from tf_interlock import export_dir as export_dir_lib
-from tf_interlock import paths
 from train import config as config_lib
 from train import datasets
+from train import export_dir as export_dir_lib
 from train import networks
+from train import paths
 from train import run_dir as run_dir_lib
 from train import run_lock
 from train import runtime_setup
@@ -141,7 +140,7 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
     runtime_setup.setup_runtime(config)
     task = datasets.make_task(config, with_train=False)
     modules = restored_modules(config, task, latest, model_dir)
-    return export_lib.export_saved_model(
+    return export_dir_lib.export_owned(
         modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                task.input_dtype), export_dir,
         owner=run.run_id(create=True),

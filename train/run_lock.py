@@ -1,6 +1,6 @@
 """One process per folder: a lock file with its holder's identity.
 
-The lock half of the ownership scheme (`tf_interlock.owned_dir`): a marker
+The lock half of the ownership scheme (`train.owned_dir`): a marker
 says whose a folder is, the lock says who writes it now. `train.train` and
 `train.export` hold model_dir/lock.json, `research.compare` its out_dir's
 compare_lock.json and each run folder's lock.json (`held`).
@@ -38,8 +38,8 @@ import uuid
 
 import tensorflow as tf
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
+from train import owned_dir
+from train import paths
 
 STALE_AFTER_S = 3600.0
 

@@ -19,10 +19,8 @@ import keras
 import tensorflow as tf
 
 from tf_interlock import evaluation
-from tf_interlock import export as export_lib
 from tf_interlock import losses
 from tf_interlock import metric_names
-from tf_interlock import paths
 from tf_interlock import placement as placement_lib
 from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
@@ -32,9 +30,11 @@ from train import config as config_lib
 from train import datasets
 from train import distribution
 from train import error_boundary
+from train import export_dir as export_dir_lib
 from train import multi_worker
 from train import networks
 from train import optimization
+from train import paths
 from train import preflight
 from train import run_lock
 from train import runtime_setup
@@ -357,7 +357,7 @@ def train(config, built, run, latest, export_dir, lock, out=None,
   finally:
     preemption.restore()
   actions_lib.verify_lock(lock)  # the export replaces model_dir/export
-  export_lib.export_saved_model(
+  export_dir_lib.export_owned(
       trainer.modules, tf.TensorSpec((None,) + tuple(task.input_shape),
                                      task.input_dtype),
       export_dir, owner=run_id,

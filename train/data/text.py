@@ -30,8 +30,8 @@ import tensorflow_datasets as tfds
 import tensorflow_text as tf_text
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
+from train import owned_dir
+from train import paths
 
 DEFAULT_TEXT_DIR = "/usr/share/games/fortunes"
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache",

@@ -1,7 +1,7 @@
 """Who owns an export directory, and how an export replaces it safely.
 
 Never lose what we did not write: an export is an owned folder
-(`tf_interlock.owned_dir`, the project's one ownership scheme). Its marker,
+(`train.owned_dir`, the project's one ownership scheme). Its marker,
 `interlock_export.json`, names its owner (a training run's id) and lists
 every file the export wrote. An existing export directory is replaced only
 when it is empty, or its marker names the same owner and it holds nothing
@@ -16,6 +16,10 @@ interrupted export therefore never leaves a half-written directory behind,
 and the next export of the same owner removes (or, for a complete export
 left aside, puts back) what it left. Every file operation goes through
 `tf.io.gfile`, so the directory may be local or a URL (gs://, ram://).
+
+The library's `tf_interlock.export.export_saved_model` writes a plain
+SavedModel into a new folder and knows no owner; `export_owned` is the
+binaries' export: the same SavedModel, through the protocol above.
 """
 
 import errno
@@ -25,8 +29,9 @@ import uuid
 
 import tensorflow as tf
 
-from tf_interlock import owned_dir
-from tf_interlock import paths
+from tf_interlock import export as export_lib
+from train import owned_dir
+from train import paths
 
 MARKER = "interlock_export.json"
 # What a SavedModel holds at its top level: an export whose marker predates
@@ -289,3 +294,27 @@ def write_owned(export_dir, write, *, owner=None, metadata=None):
     if tf.io.gfile.exists(new_dir):
       owned_dir.remove(paths.parent(export_dir), new_dir)
   return export_dir
+
+
+def export_owned(modules, input_spec, export_dir, *, owner, metadata=None):
+  """Exports the modules (`tf_interlock.export`) as an owned export.
+
+  The target is checked before tracing (`check_export_target`), then the
+  SavedModel is written into a temporary sibling and moved into place
+  (`write_owned`): an interrupted export never leaves a half-written
+  `export_dir`, and an existing one is replaced only when it is `owner`'s.
+
+  Args:
+    modules: the K built `InterlockModule`s, in depth order.
+    input_spec: the network input's `tf.TensorSpec` (or a dict or list).
+    export_dir: the target (local path or URL).
+    owner: the run's id, written into the marker.
+    metadata: JSON-serializable dict stored in the marker (the run's
+      model_dir, config and step), read back by `read_marker`.
+
+  Returns:
+    The normalized `export_dir`.
+  """
+  check_export_target(export_dir, owner)  # before tracing
+  write = export_lib.saved_model_writer(modules, input_spec)
+  return write_owned(export_dir, write, owner=owner, metadata=metadata)

@@ -1,8 +1,8 @@
 """One module's ops as the engine runs them: its loss and its VJPs.
 
-The interlocking step (`engine.InterlockStep`) runs, per module k, a forward
-h_k = M_k(x_k), its own loss L_k, and two vector-Jacobian products of a
-cotangent c at h_k:
+The interlocking step (`tf_interlock.engine.InterlockStep`) runs, per
+module k, a forward h_k = M_k(x_k), its own loss L_k, and two
+vector-Jacobian products of a cotangent c at h_k:
 
 * the input VJP (dh_k/dx_k)^T c, which module k sends to module k-1;
 * the weight VJP (dh_k/dtheta_k)^T c, theta_k's gradient;
@@ -10,8 +10,9 @@ cotangent c at h_k:
 or both from one backward pass through the body ("fused", when the stream
 that trains theta_k also goes on below). These functions give each of them
 on its own, on the module's public parts, so that a tool can time or check
-one op at a time (the step-time model's profiler, `step_model.profiling`)
-without reaching into the engine.
+one op at a time (the step-time model's profiler, `profiling`) without
+reaching into the engine. They model the library from above it, so they
+live here, not in `tf_interlock`.
 """
 
 import tensorflow as tf
@@ -21,7 +22,8 @@ def module_loss(step, k, logits, labels, global_batch_size=None):
   """L_k of module k on one batch, as `step` computes it, with its metrics.
 
   Args:
-    step: the `engine.InterlockStep` (an `InterlockTrainer`'s `.step`).
+    step: the `tf_interlock.engine.InterlockStep` (an
+      `InterlockTrainer`'s `.step`).
     k: the module (0-based).
     logits: A_k(h_k) for a module with an aux head, h_{K-1} for the last.
     labels: the batch's targets.

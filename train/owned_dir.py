@@ -35,8 +35,11 @@ The rules, the same for all of them:
    one line naming it, before anything is deleted.
 6. While a process writes a folder it holds the folder's lock
    (`train.run_lock`: an OS flock plus a token in lock.json or
-   compare_lock.json). Only the binaries take locks, so the lock lives
-   with them; the markers are also the library's (`export_dir`).
+   compare_lock.json).
+
+The scheme is the binaries' policy, so it lives with them (`train/`); the
+library (`tf_interlock`) writes only into new or empty folders and owns
+none.
 
 Every file access goes through `tf.io.gfile`: local folders, gs:// or ram://.
 """
@@ -46,7 +49,7 @@ import os
 
 import tensorflow as tf
 
-from tf_interlock import paths
+from train import paths
 
 
 # Run files hold a few levels of objects; deeper nesting is hostile (it
