@@ -13,6 +13,9 @@ time with the call's steps written out (which wait at each call's end, as
 one block of steps_per_loop steps does). Prints JSON.
 """
 
+# First: checks the environment and quiets TF before TensorFlow loads.
+from train import runtime_env  # pylint: disable=unused-import,g-bad-import-order
+
 import json
 
 from absl import app

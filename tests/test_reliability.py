@@ -45,7 +45,7 @@ BAD_INPUTS = [
      ["--num_modules=10", "9 blocks"]),
     (["--preset=fashion_mnist_resnet", "--split=2,2,2,2"],
      ["--split='2,2,2,2'", "adding up to the 9 blocks"]),
-    (["--placement=gpu"], ["placement=gpu", "4 modules but 0"]),
+    (["--placement=gpu"], ["--placement='gpu'", "4 modules but 0"]),
     (["--batch_size=30", "--num_microbatches=4"],
      ["--batch_size=30", "4 microbatches"]),
     (["--preset=nope"], ["--preset=nope"]),
