@@ -140,6 +140,24 @@ def measured_error(report, costs, microbatch_costs):
               for r in report["strategies"].values())}
 
 
+def _coinciding(cells):
+  """{(MB, ms): the names of the cells drawn at that point}."""
+  points = {}
+  for name, cell in cells.items():
+    points.setdefault((cell["memory_mb"], cell["step_ms"]), []).append(name)
+  return points
+
+
+def _label(names):
+  """One label for cells at one point: "e2e/local-m4-rc" when they differ
+  only in the strategy, else the names."""
+  strategies = [benchmark_lib.parse_cell(n)[0] for n in names]
+  rests = {n[len(s):] for n, s in zip(names, strategies)}
+  if len(rests) == 1:
+    return "/".join(strategies) + rests.pop()
+  return ", ".join(names)
+
+
 def plot(result, out):
   """Draws `result` (`research.predict_frontier`'s JSON for one K) into
   the PNG `out`: hollow markers (predicted), the frontier outlined."""
@@ -150,7 +168,9 @@ def plot(result, out):
             "3wise": "tab:purple"}
   best = set(result["frontier"])
   fig, ax = pyplot.subplots(figsize=(9, 6))
-  for strategy, color in colors.items():
+  # Cells that coincide (the same device bounds every strategy) show as
+  # concentric rings: one size per strategy.
+  for size, (strategy, color) in zip((25, 55, 95, 145), colors.items()):
     for recompute, marker in ((False, "o"), (True, "s")):
       names = [n for n in result["cells"]
                if benchmark_lib.parse_cell(n)[0] == strategy and
@@ -158,12 +178,13 @@ def plot(result, out):
       if names:
         ax.scatter([result["cells"][n]["memory_mb"] for n in names],
                    [result["cells"][n]["step_ms"] for n in names],
-                   facecolors="none", edgecolors=color, marker=marker, s=40,
-                   label=strategy + (" recompute" if recompute else ""))
-  for name, cell in result["cells"].items():
-    ax.annotate(name, (cell["memory_mb"], cell["step_ms"]), fontsize=6,
-                xytext=(3, 2), textcoords="offset points",
-                weight="bold" if name in best else "normal")
+                   facecolors="none", edgecolors=color, marker=marker,
+                   s=size, label=strategy + (" recompute" if recompute
+                                             else ""))
+  for (mb, ms), names in _coinciding(result["cells"]).items():
+    ax.annotate(_label(names), (mb, ms), fontsize=6, xytext=(5, 3),
+                textcoords="offset points",
+                weight="bold" if best & set(names) else "normal")
   edge = sorted((result["cells"][n]["memory_mb"], result["cells"][n][
       "step_ms"]) for n in best)
   ax.step([e[0] for e in edge], [e[1] for e in edge], where="post",
@@ -179,7 +200,7 @@ def plot(result, out):
   ax.set_title(
       f"PREDICTED, one device per module: {result['model']}, K = "
       f"{result['num_modules']}, batch {result['batch_size']} (hollow: "
-      f"not measured)\nmodel's measured error at K = 4 on "
+      f"not measured)\nthe model's measured error on "
       f"{error.get('plan', 'the measured plan')}: time model/measured "
       f"{spread('time_model_over_measured')}, memory count/measured "
       f"{spread('memory_count_over_measured')}", fontsize=8)

@@ -51,6 +51,9 @@ _STEPS_PER_LOOP = flags.DEFINE_integer(
 _MICROBATCHES = flags.DEFINE_list(
     "microbatches", ["1", "2", "4", "8"], "The M of the cells.")
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per op cost.")
+_REPETITIONS = flags.DEFINE_integer(
+    "repetitions", 3, "How often every op cost is measured: the prediction "
+    "takes the median, the JSON keeps the range (the host is shared).")
 _MEASURED = flags.DEFINE_string(
     "measured", "docs/results/memory/resnet20_k4_simulated.json",
     "A research.benchmark report of the same network on simulated CPUs "
@@ -90,16 +93,20 @@ def measure_inputs(num_modules, microbatches):
       spec, "e2e", benchmark_lib.simulated_placement(plan))
   x, y = benchmark_lib.make_batch(spec)
   load = [os.getloadavg()[0]]
-  costs = profiling.measure_module_costs(trainer, x, y, _REPEATS.value)
-  micro = {str(m): benchmark_lib.costs_ms(profiling.measure_module_costs(
-      trainer, x, y, _REPEATS.value, microbatches=m))
-           for m in microbatches if m > 1}
+  measured = {m: profiling.repeated_module_costs(
+      trainer, x, y, _REPETITIONS.value, _REPEATS.value, microbatches=m)
+              for m in sorted({1, *microbatches})}
   load.append(os.getloadavg()[0])
+  micro = {str(m): benchmark_lib.costs_ms(c[0])
+           for m, c in measured.items() if m > 1}
+  spread = {str(m): [benchmark_lib.costs_ms(c[1]), benchmark_lib.costs_ms(
+      c[2])] for m, c in measured.items()}
   footprints = {str(m): frontier_lib.footprints_to_json(memory.footprints(
       trainer, tf.TensorSpec((x.shape[0] // m,) + x.shape[1:], tf.float32)))
                 for m in microbatches}
-  return {"module_costs_ms": benchmark_lib.costs_ms(costs),
-          "microbatch_costs_ms": micro, "footprints_bytes": footprints,
+  return {"module_costs_ms": benchmark_lib.costs_ms(measured[1][0]),
+          "microbatch_costs_ms": micro, "costs_min_max_ms": spread,
+          "repetitions": _REPETITIONS.value, "footprints_bytes": footprints,
           "staged_bytes": (_STEPS_PER_LOOP.value - 1) * (x.nbytes + y.nbytes),
           "load_average_1min": load,
           "plan": f"{num_modules} logical CPUs x 1 thread"}
@@ -157,7 +164,9 @@ def main_run(ks, microbatches):
            f"--microbatches={','.join(map(str, microbatches))}",
            f"--preset={_PRESET.value}", f"--batch_size={_BATCH.value}",
            f"--steps_per_loop={_STEPS_PER_LOOP.value}",
-           f"--repeats={_REPEATS.value}"], module="research.predict_frontier")
+           f"--repeats={_REPEATS.value}",
+           f"--repetitions={_REPETITIONS.value}"],
+          module="research.predict_frontier")
   report_k = owned_dir.load_json(_MEASURED.value, {"num_modules": int},
                                  received=f"measured={_MEASURED.value!r}")[
                                      "num_modules"]
