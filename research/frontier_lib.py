@@ -10,7 +10,6 @@ total). `research.predict_frontier` measures the inputs and draws them.
 import dataclasses
 
 from research import benchmark_lib
-from research import plot_frontier
 from step_model import memory
 
 STRATEGIES = ("e2e", "local", "2wise", "3wise")
@@ -75,12 +74,18 @@ def predict_cell(name, costs, microbatch_costs, footprints, staged_bytes):
           "memory_per_device_mb": per_device}
 
 
-def frontier(cells):
+def frontier(cells, tolerance=1e-3):
   """The names of the cells ({name: {"step_ms", "memory_mb"}}) that no
-  other cell beats on both (`plot_frontier.frontier`), in `cells`' order."""
-  best = plot_frontier.frontier(
-      [(n, c["memory_mb"], c["step_ms"]) for n, c in cells.items()])
-  return [n for n in cells if n in best]
+  other cell beats on both, in `cells`' order. A cell beats another when it
+  is no larger and no slower and, by more than `tolerance` (a fraction),
+  smaller or faster: cells that tie up to the simulation's rounding (two
+  strategies bound by the same device) stay together."""
+  def beats(b, a):
+    return (b["memory_mb"] <= a["memory_mb"] and b["step_ms"] <= a["step_ms"]
+            and (b["memory_mb"] < a["memory_mb"] * (1 - tolerance) or
+                 b["step_ms"] < a["step_ms"] * (1 - tolerance)))
+  return [n for n, a in cells.items()
+          if not any(beats(b, a) for b in cells.values())]
 
 
 def versus_pipeline(cells, tolerance=EQUAL_MEMORY_TOLERANCE):
@@ -140,11 +145,15 @@ def measured_error(report, costs, microbatch_costs):
               for r in report["strategies"].values())}
 
 
-def _coinciding(cells):
-  """{(MB, ms): the names of the cells drawn at that point}."""
+def _coinciding(cells, tolerance=2e-3):
+  """{(MB, ms): the names of the cells drawn at that point, or within
+  `tolerance` (a fraction) of it on both axes}."""
   points = {}
   for name, cell in cells.items():
-    points.setdefault((cell["memory_mb"], cell["step_ms"]), []).append(name)
+    here = (cell["memory_mb"], cell["step_ms"])
+    near = [p for p in points
+            if all(abs(a - b) <= tolerance * b for a, b in zip(here, p))]
+    points.setdefault(near[0] if near else here, []).append(name)
   return points
 
 

@@ -41,7 +41,9 @@ from train import error_boundary
 
 _NUM_MODULES = flags.DEFINE_list(
     "num_modules", ["4", "8"], "The K to predict, comma-separated ints >= 1.")
-_PRESET = flags.DEFINE_string("preset", "resnet20", "The ResNet preset.")
+_PRESET = flags.DEFINE_string(
+    "preset", "resnet20", "The ResNet preset (research.benchmark's "
+    "--preset: resnet20/32/56/110, resnet18/34/50/101).")
 _BATCH = flags.DEFINE_integer(
     "batch_size", 128, "Global batch per step (the measured K = 4 run's); "
     "divisible by every M of --microbatches.")
@@ -49,8 +51,11 @@ _STEPS_PER_LOOP = flags.DEFINE_integer(
     "steps_per_loop", 4, "Steps per training call (the count holds the "
     "batches it reads ahead).")
 _MICROBATCHES = flags.DEFINE_list(
-    "microbatches", ["1", "2", "4", "8"], "The M of the cells.")
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per op cost.")
+    "microbatches", ["1", "2", "4", "8"], "Microbatches per step of the "
+    "cells, comma-separated ints >= 1 (1: the cells without -mM).")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 10, "Timed calls per op cost in one measurement (>= 1): "
+    "their median is the measurement.")
 _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "How often every op cost is measured: the prediction "
     "takes the median, the JSON keeps the range (the host is shared).")

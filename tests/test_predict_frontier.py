@@ -85,8 +85,10 @@ def test_the_frontier_keeps_the_cells_no_other_beats_on_both():
            "b": {"memory_mb": 20.0, "step_ms": 50.0},
            "c": {"memory_mb": 15.0, "step_ms": 120.0},  # a beats it
            "d": {"memory_mb": 10.0, "step_ms": 101.0},  # a: as small, faster
-           "e": {"memory_mb": 20.0, "step_ms": 50.0}}   # ties b: both stay
-  assert frontier_lib.frontier(cells) == ["a", "b", "e"]
+           "e": {"memory_mb": 20.0, "step_ms": 50.0},   # ties b: both stay
+           "f": {"memory_mb": 10.0, "step_ms": 100.05}}  # a's within 0.1%
+  assert frontier_lib.frontier(cells) == ["a", "b", "e", "f"]
+  assert frontier_lib.frontier(cells, tolerance=0.0) == ["a", "b", "e"]
 
 
 def test_each_interlocking_cell_meets_the_fastest_pipeline_that_fits():
