@@ -35,9 +35,9 @@ from absl import flags
 
 from research import benchmark_lib
 from research import frontier_lib
-from tf_interlock import owned_dir
 from train import config as config_lib
 from train import error_boundary
+from train import owned_dir
 
 _NUM_MODULES = flags.DEFINE_list(
     "num_modules", ["4", "8"], "The K to predict, comma-separated ints >= 1.")

@@ -42,6 +42,7 @@ COSTS_S = {
     "test_trainer_distributed.py": 16,
     "test_export.py": 23,
     "test_export_dir.py": 9,  # measured alone (Dec 5)
+    "test_predict_frontier.py": 6,  # measured alone (Dec 5)
     "test_user_study.py": 15,
     "test_evaluation.py": 15,
     "test_keras_habits.py": 15,
