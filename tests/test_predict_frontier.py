@@ -122,7 +122,10 @@ def test_the_measured_error_predicts_the_reports_plan():
   assert error["memory_count_over_measured"] == [0.9, 1.4]
 
 
-def test_one_command_predicts_and_draws_from_stored_inputs(tmp_path, capfd):
+# In a process of its own: the binary's flags (--num_modules, a list;
+# --repeats) share names with other binaries' that this test process
+# imports directly.
+def test_one_command_predicts_and_draws_from_stored_inputs(tmp_path):
   prefix = tmp_path / "frontier"
   (tmp_path / "frontier_k2.json").write_text(json.dumps({
       "inputs": _inputs()}))
@@ -131,12 +134,11 @@ def test_one_command_predicts_and_draws_from_stored_inputs(tmp_path, capfd):
                                   "strategies": {"e2e": {
                                       "measured_step_s": 0.05,
                                       "memory_count_over_measured": 0.9}}}))
-  code, out, err = binaries.run_main(
+  proc = binaries.run_binary(
       "research.predict_frontier",
-      ["--num_modules=2", "--microbatches=1,2", "--batch_size=8",
-       f"--measured={measured}", f"--out_prefix={prefix}",
-       "--reuse_inputs"], capfd)
-  assert code in (0, None), err
+      "--num_modules=2", "--microbatches=1,2", "--batch_size=8",
+      f"--measured={measured}", f"--out_prefix={prefix}", "--reuse_inputs")
+  out = proc.stdout
   result = json.loads((tmp_path / "frontier_k2.json").read_text())
   assert list(result["cells"]) == frontier_lib.cell_names(
       frontier_lib.STRATEGIES, (1, 2))
@@ -147,10 +149,10 @@ def test_one_command_predicts_and_draws_from_stored_inputs(tmp_path, capfd):
   assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_an_m_that_does_not_divide_the_batch_is_refused(tmp_path, capfd):
-  code, _, err = binaries.run_main(
+def test_an_m_that_does_not_divide_the_batch_is_refused(tmp_path):
+  proc = binaries.run_binary(
       "research.predict_frontier",
-      ["--microbatches=1,3", "--batch_size=8",
-       f"--out_prefix={tmp_path / 'x'}", "--reuse_inputs"], capfd)
-  assert code == 1
-  binaries.one_error(err, "--microbatches", "Received: microbatches=")
+      "--microbatches=1,3", "--batch_size=8",
+      f"--out_prefix={tmp_path / 'x'}", "--reuse_inputs", check=False)
+  assert proc.returncode == 1
+  binaries.one_error(proc.stderr, "--microbatches", "Received: microbatches=")
