@@ -4,7 +4,8 @@ as written.
 
 The commands run with two changes only: free ports instead of 2222/2223 (a
 test must not depend on those being free) and a temporary model_dir (the
-demo model also runs only a few steps). The two workers are stopped by the
+demo model also runs only a few steps, on Fashion-MNIST-shaped IDX files
+the test writes, so that it never depends on `make data`). The two workers are stopped by the
 fixture's finalizer, also on failure.
 """
 
@@ -13,10 +14,13 @@ import os
 import re
 import shlex
 
+import numpy as np
 import pytest
 
 from tests import cluster_jobs
 from tests import cluster_procs
+from tests import idx_files
+from train.data import images
 
 pytestmark = pytest.mark.cluster
 
@@ -74,17 +78,38 @@ def test_readme_commands_train_the_mlp_preset(procs, tmp_path):
 SHORT = ["--train_steps=4", "--warmup_steps=2", "--steps_per_loop=2",
          "--eval_every_steps=4", "--eval_batches=1",
          "--checkpoint_every_steps=4", "--deterministic=true"]
-FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # make data
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST),
-                    reason=f"no Fashion-MNIST at {FASHION_MNIST} (make data)")
+def _fashion_mnist_files(tmp_path):
+  """--source_dir and --data_dir flags for Fashion-MNIST-shaped IDX files of
+  random images (512 train, 256 test) and their TFDS folder, prepared here.
+
+  Prepared before either run: a --deterministic run that prepares the data
+  itself trains on other batches than a run that reads it prepared (seen
+  here: after 2 steps at learning rate 1e-20 the BN statistics differ, the
+  weights do not), an open defect written up in docs/operations.md.
+  """
+  source_dir = tmp_path / "idx"
+  source_dir.mkdir()
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 512), ("test", 256)):
+    idx_files.write_split(str(source_dir), split,
+                          rng.integers(0, 256, (n, 28, 28)),
+                          np.arange(n) % 10, gz=False)
+  data_dir = str(tmp_path / "tfds")
+  images.image_dataset("fashion_mnist", "test", 128, training=False,
+                       data_dir=data_dir, source_dir=str(source_dir))
+  return [f"--source_dir={source_dir}", f"--data_dir={data_dir}"]
+
+
 def test_readme_commands_train_make_demos_model(procs, tmp_path):
   module, *flags = start_readme_cluster(procs, tmp_path)[3]
+  data = _fashion_mnist_files(tmp_path)
   assert "--preset=fashion_mnist_resnet" in flags  # make demo's preset
   one_process = [f for f in flags if not f.startswith(
       ("--placement=", "--cluster=", "--modules_per_worker=", "--model_dir="))]
-  runs = {"cluster": flags + SHORT, "one_process": one_process + SHORT + [
+  runs = {"cluster": flags + SHORT + data,
+          "one_process": one_process + SHORT + data + [
       f"--model_dir={tmp_path / 'one_process'}"]}
   for name, argv in runs.items():
     trainer = procs.start(module, *argv)
