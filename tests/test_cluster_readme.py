@@ -2,11 +2,11 @@
 the MLP preset and `make demo`'s model (the fashion_mnist_resnet preset),
 as written.
 
-The commands run with two changes only: free ports instead of 2222/2223 (a
-test must not depend on those being free) and a temporary model_dir (the
-demo model also runs only a few steps, on Fashion-MNIST-shaped IDX files
-the test writes, so that it never depends on `make data`). The two workers are stopped by the
-fixture's finalizer, also on failure.
+The commands run with three changes only: free ports instead of 2222/2223
+(a test must not depend on those being free), a temporary model_dir, and,
+for the demo model, a few steps on Fashion-MNIST-shaped IDX files the test
+writes (it never depends on `make data`). The two workers are stopped by
+the fixture's finalizer, also on failure.
 """
 
 import json
@@ -86,8 +86,8 @@ def _fashion_mnist_files(tmp_path):
 
   Prepared before either run: a --deterministic run that prepares the data
   itself trains on other batches than a run that reads it prepared (seen
-  here: after 2 steps at learning rate 1e-20 the BN statistics differ, the
-  weights do not), an open defect written up in docs/operations.md.
+  here: after one step at learning rate 1e-20 the BN statistics differ,
+  the weights do not), an open defect written up in docs/operations.md.
   """
   source_dir = tmp_path / "idx"
   source_dir.mkdir()
