@@ -9,6 +9,8 @@ tracing.
 
 import keras
 
+from tf_interlock import int_args
+
 # steps_per_execution unrolls that many steps into one tf.function, each
 # with its own iterator get_next: above 32 TF warns about the many calls
 # and tracing grows with every step (train/config.py caps the binary's
@@ -16,12 +18,12 @@ import keras
 MAX_STEPS_PER_EXECUTION = 32
 
 
-def _is_int(value):
-  return isinstance(value, int) and not isinstance(value, bool)
+_is_int = int_args.is_int
 
 
-def check_from_keras(model, num_modules):
-  """from_keras(model, num_modules): K an int >= 1, a model with layers.
+def check_from_keras(model, num_modules, num_classes=None):
+  """from_keras(model, num_modules): K an int >= 1, a model with layers,
+  num_classes (the aux heads' outputs) None or an int >= 1.
 
   Raises:
     ValueError: one line naming the bad argument.
@@ -29,6 +31,12 @@ def check_from_keras(model, num_modules):
   if not _is_int(num_modules) or num_modules < 1:
     raise ValueError(f"num_modules must be an int >= 1 (the number of "
                      f"modules K). Received: num_modules={num_modules!r}")
+  if num_classes is not None and (not _is_int(num_classes) or
+                                  num_classes < 1):
+    raise ValueError(
+        f"num_classes must be None (the last axis of the model's output) or "
+        f"an int >= 1 (the outputs of each aux head). "
+        f"Received: num_classes={num_classes!r}")
   if isinstance(model, keras.Model):
     layers = [layer for layer in model.layers
               if not isinstance(layer, keras.layers.InputLayer)]

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tf_interlock import exits as exits_lib
 from tf_interlock import input_nest
+from tf_interlock import int_args
 from tf_interlock import losses
 from tf_interlock import metric_names
 
@@ -88,15 +89,17 @@ def unweighted(metric_fn):
 def check_exit(modules, exit_k):
   """None for the network's output, or k < K whose module has an aux head."""
   num = len(modules)
-  if exit_k is None or exit_k == num:
+  if exit_k is None:
     return None
-  if (isinstance(exit_k, bool) or not isinstance(exit_k, int) or
+  if int_args.is_int(exit_k) and exit_k == num:
+    return None
+  if (not int_args.is_int(exit_k) or
       not 1 <= exit_k < num or not modules[exit_k - 1].has_aux_head):
     allowed = [k for k in range(1, num) if modules[k - 1].has_aux_head]
     raise ValueError(f"exit must be None, {num} (the network) or a module "
                      f"with an aux head, one of {allowed}. Received: "
                      f"exit={exit_k!r}")
-  return exit_k
+  return int(exit_k)
 
 
 def _check_batches(dataset, input_shape):

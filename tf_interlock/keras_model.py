@@ -36,6 +36,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from tf_interlock import call_guard
 from tf_interlock import evaluation
 from tf_interlock import execution_options as execution_options_lib
 from tf_interlock import exits as exits_lib
@@ -97,15 +98,8 @@ class InterlockModel(keras.Model):
     self.interlock_modules = modules
     self.interlock_strategy = strategy_lib.parse_strategy(strategy, variant)
     self._distribute = distribute
-    if isinstance(placement, str):
-      placement = placement_lib.make_placement(placement, len(modules),
-                                               self._distribute)
-    if placement is not None and not isinstance(placement,
-                                                placement_lib.Placement):
-      raise ValueError(
-          f"placement must be None, one of {placement_lib.names()} or a "
-          f"Placement. Received: placement={placement!r}")
-    self.placement = placement
+    self.placement = (None if placement is None else placement_lib.resolve(
+        placement, len(modules), self._distribute))
     self.num_microbatches = num_microbatches
     self.trainer = None
     self._slots_built = False
@@ -116,6 +110,9 @@ class InterlockModel(keras.Model):
     self._predict_exit = None
     self._fit_logs = keras_fit.FitLogs()
     self._predict_functions = {}
+    # fit, evaluate and predict from two threads at once would share the
+    # optimizers' counters and the trackers: the second thread is refused.
+    self._call_guard = call_guard.CallGuard("InterlockModel")
 
   @property
   def num_modules(self):
@@ -357,6 +354,7 @@ class InterlockModel(keras.Model):
           self, getattr(self, "_metric_names", []))
     return self.train_function
 
+  @call_guard.guarded
   def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
           callbacks=None, validation_split=0.0, validation_data=None,
           shuffle=True, class_weight=None, sample_weight=None,
@@ -422,6 +420,7 @@ class InterlockModel(keras.Model):
                          initial_epoch=initial_epoch,
                          steps_per_epoch=keras_steps, **kwargs)
 
+  @call_guard.guarded
   def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
                      return_dict=False):
     """One interlocking training step on one batch, as Keras's.
@@ -474,6 +473,7 @@ class InterlockModel(keras.Model):
     logs = {key: float(value) for key, value in logs.items()}
     return logs if return_dict else keras_fit.logs_in_order(self, logs)
 
+  @call_guard.guarded
   def evaluate(self, x=None, y=None, *args, **kwargs):
     """Every exit's loss and metrics, as Keras's `evaluate`.
 
@@ -504,6 +504,7 @@ class InterlockModel(keras.Model):
         return tuple(first["config"]["batch_shape"][1:])
     return None
 
+  @call_guard.guarded
   def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
     """Every exit's loss and metrics on one batch, as Keras's.
 
@@ -532,6 +533,7 @@ class InterlockModel(keras.Model):
     x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
     return self._forward(x, self._predict_exit, training=False)
 
+  @call_guard.guarded
   def predict(self, x, batch_size=None, verbose="auto", steps=None,
               callbacks=None, exit=None):  # pylint: disable=redefined-builtin
     """`keras.Model.predict` of the network, or of early exit `exit` = k.

@@ -33,6 +33,7 @@ import tensorflow as tf
 from layers import aux_heads
 from layers.interlock_module import InterlockModule
 from tf_interlock import fit_arguments
+from tf_interlock import int_args
 from tf_interlock import keras_blocks
 from tf_interlock import keras_flatten
 from tf_interlock import keras_nodes
@@ -473,7 +474,8 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     CausalLM heads) is a copy in each, listed in `body.tied_layers`; the
     trainer keeps the copies one weight (`tied_gradients`).
   """
-  fit_arguments.check_from_keras(model, num_modules)
+  fit_arguments.check_from_keras(model, num_modules, num_classes)
+  num_classes = int_args.as_int(num_classes)
   _checked_graph(model)
   name = name or model.name
   # Nested functional and Sequential models are inlined, so that cuts may

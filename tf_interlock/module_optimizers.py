@@ -15,6 +15,7 @@ with the model under their own names.
 
 import keras
 
+from tf_interlock import int_args
 from tf_interlock import keras_private
 
 
@@ -48,11 +49,12 @@ class ModuleOptimizers(keras.optimizers.Optimizer):
   def modules(self, value):
     num = len(self._get_trainer().optimizers)
     if value is not None:
-      value = [value] if isinstance(value, int) else list(value)
-      if not value or any(isinstance(k, bool) or not isinstance(k, int) or
+      value = [value] if int_args.is_int(value) else list(value)
+      if not value or any(not int_args.is_int(k) or
                           not 1 <= k <= num for k in value):
         raise ValueError(f"modules must be None (all) or module numbers in "
                          f"1..{num}. Received: modules={value!r}")
+      value = [int(k) for k in value]
     self._modules = value
 
   def module_optimizers(self):

@@ -75,3 +75,29 @@ def make_placement(kind, num_modules, distribute=None, module_devices=None):
     ValueError: unknown kind, or fewer devices than modules.
   """
   return get(kind).build(num_modules, distribute, module_devices)
+
+
+def resolve(placement, num_modules, distribute=None):
+  """A `Placement` from a registered name or a `Placement` itself.
+
+  The one rule `InterlockTrainer` and `InterlockModel` share for their
+  `placement=` argument.
+
+  Args:
+    placement: a registered name (`names()`) or a `Placement`.
+    num_modules: K, to build a named placement for.
+    distribute: the strategy the trainer runs under.
+
+  Returns:
+    The `Placement`.
+
+  Raises:
+    ValueError: anything else, or a name `make_placement` refuses.
+  """
+  if isinstance(placement, str):
+    return make_placement(placement, num_modules, distribute)
+  if isinstance(placement, Placement):
+    return placement
+  raise ValueError(
+      f"placement must be None, one of {names()} or a Placement. "
+      f"Received: placement={placement!r}")

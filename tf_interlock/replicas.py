@@ -32,6 +32,7 @@ import itertools
 
 import tensorflow as tf
 
+from tf_interlock import int_args
 from tf_interlock import metric_names
 from tf_interlock import placement as placement_lib
 
@@ -71,12 +72,13 @@ class CollectiveReplicas:
   def __init__(self, num_replicas, replica_id, timeout_s=None):
     for name, value, low in (("num_replicas", num_replicas, 1),
                              ("replica_id", replica_id, 0)):
-      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      if not int_args.is_int(value) or value < low:
         raise ValueError(f"{name} must be an int >= {low}. "
                          f"Received: {name}={value!r}")
     if replica_id >= num_replicas:
       raise ValueError(f"replica_id must be < num_replicas "
                        f"({num_replicas}). Received: replica_id={replica_id}")
+    num_replicas, replica_id = int(num_replicas), int(replica_id)
     self.num_replicas = num_replicas
     self.replica_id = replica_id
     self.timeout_s = timeout_s

@@ -21,6 +21,8 @@ import dataclasses
 import re
 from typing import Optional
 
+from tf_interlock import int_args
+
 VARIANTS = ("only", "sum")
 _NWISE = re.compile(r"^(\d+)wise$")
 _ALLOWED = "'e2e', 'local', 'pairwise' or 'Nwise' (N >= 1, e.g. '2wise')"
@@ -39,10 +41,12 @@ class InterlockStrategy:
 
   def __post_init__(self):
     if self.window is not None:
-      if isinstance(self.window, bool) or not isinstance(self.window, int):
+      if not int_args.is_int(self.window):
         raise TypeError(
             f"window must be an int >= 1 or None (end-to-end). "
             f"Received: window={self.window!r}")
+      # Frozen: a numpy window is kept as the Python int it equals.
+      object.__setattr__(self, "window", int(self.window))
       if self.window < 1:
         raise ValueError(
             f"window must be >= 1 (1 = local, 2 = pairwise, None = "
@@ -98,8 +102,8 @@ def parse_strategy(spec, variant=None):
     if variant is None:
       return spec
     return InterlockStrategy(spec.window, variant)
-  if isinstance(spec, int) and not isinstance(spec, bool):
-    return InterlockStrategy(spec, variant or "only")
+  if int_args.is_int(spec):
+    return InterlockStrategy(int(spec), variant or "only")
   if not isinstance(spec, str):
     raise ValueError(
         f"strategy must be {_ALLOWED}. Received: strategy={spec!r}")

@@ -51,9 +51,11 @@ import functools
 import keras
 import tensorflow as tf
 
+from tf_interlock import call_guard
 from tf_interlock import engine
 from tf_interlock import execution_options
 from tf_interlock import exits as exits_lib
+from tf_interlock import int_args
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 from tf_interlock import module_functions
@@ -131,8 +133,9 @@ class InterlockTrainer:
     metric_fn: `metric_fn(labels, logits) -> per-example score [batch]`,
       reported as "accuracy". Defaults to sparse accuracy; None disables.
     distribute: a `tf.distribute.Strategy`; defaults to the current one.
-    placement: a `placement.Placement` (module k's device); defaults to
-      `make_placement("single", K)`.
+    placement: a `placement.Placement` (module k's device) or a registered
+      name ("single", "simulated", "gpu", "tpu", "cluster", as
+      `InterlockModel` takes); defaults to "single".
     steps_per_loop: training steps per `tf.function` call.
     num_microbatches: M >= 1; each replica's batch is split into M
       microbatches whose gradients are summed before one update.
@@ -158,6 +161,9 @@ class InterlockTrainer:
                replicas=None, jit_compile="auto", recompute=False,
                memory_lean=False, options=None):
     self.options = execution_options.resolve(options)
+    # Two threads in `train_loop` would share the optimizers' counters and
+    # the iterator: the second is refused (`call_guard`).
+    self._call_guard = call_guard.CallGuard("InterlockTrainer")
     self.modules = list(modules)
     self.replicas = replicas
     if not self.modules:
@@ -165,14 +171,17 @@ class InterlockTrainer:
                        "Received: modules=[]")
     for name, value in (("steps_per_loop", steps_per_loop),
                         ("num_microbatches", num_microbatches)):
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      if not int_args.is_int(value) or value < 1:
         raise ValueError(f"{name} must be an int >= 1. "
                          f"Received: {name}={value!r}")
+    steps_per_loop = int(steps_per_loop)
+    num_microbatches = int(num_microbatches)
     self.strategy = strategy_lib.parse_strategy(strategy, variant)
     self.plan = engine.make_plan_for(self.modules, self.strategy)
     self.distribute = distribute or tf.distribute.get_strategy()
-    self.placement = placement or placement_lib.make_placement(
-        "single", len(self.modules), self.distribute)
+    self.placement = placement_lib.resolve(
+        "single" if placement is None else placement, len(self.modules),
+        self.distribute)
     self.placement.check_modules(len(self.modules))
     self.float16 = _uses_float16(self.modules)
     self.placement.check_trainer(self.distribute, self.float16)
@@ -254,6 +263,7 @@ class InterlockTrainer:
     head = module.aux_head.trainable_variables if module.has_aux_head else []
     return module.body.trainable_variables + head
 
+  @call_guard.guarded
   def build(self, sample_features):
     """Creates every weight and optimizer slot, eagerly, in scope.
 
@@ -475,6 +485,7 @@ class InterlockTrainer:
       self._loop_fns[num_steps] = self._make_loop(num_steps)
     return self._loop_fns[num_steps]
 
+  @call_guard.guarded
   def train_loop(self, iterator, num_steps=None):
     """Runs `num_steps` (default `steps_per_loop`) steps in one call.
 
@@ -493,7 +504,8 @@ class InterlockTrainer:
       counts as 0).
 
     Raises:
-      RuntimeError: before `build`.
+      RuntimeError: before `build`, or while another thread is in
+        `train_loop` or `build` of this trainer.
       DatasetEndedError: when the iterator ends inside the loop.
     """
     if not self._built:

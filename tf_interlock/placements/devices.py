@@ -16,6 +16,7 @@ would be a serial one.
 import tensorflow as tf
 
 from tf_interlock import cluster as cluster_lib
+from tf_interlock import int_args
 from tf_interlock.placements import base
 from tf_interlock.placements import tpu
 
@@ -127,7 +128,7 @@ def configure_simulated_devices(num_devices, intra_op_threads=1,
   for name, value in (("num_devices", num_devices),
                       ("intra_op_threads", intra_op_threads),
                       ("inter_op_threads", inter_op_threads or 1)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not int_args.is_int(value) or value < 1:
       raise ValueError(f"{name} must be an int >= 1. "
                        f"Received: {name}={value!r}")
   cpu = tf.config.list_physical_devices("CPU")[0]
