@@ -8,6 +8,7 @@ tracing.
 """
 
 import keras
+import numpy as np
 
 from tf_interlock import int_args
 
@@ -97,6 +98,7 @@ def check_fit(x, y, batch_size, kwargs, epochs=1, initial_epoch=0,
   if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
     raise ValueError(f"batch_size must be an int >= 1 (or None: 32). "
                      f"Received: batch_size={batch_size!r}")
+  check_python_rows(x, y)
   if isinstance(x, (list, tuple)) and len(x) == 1 and y is not None:
     raise ValueError(
         "x is a list of one array, but the model has one input: pass the "
@@ -105,8 +107,62 @@ def check_fit(x, y, batch_size, kwargs, epochs=1, initial_epoch=0,
   check_example_shape(x, example_shape)
 
 
+def _is_python_rows(value):
+  """Whether `value` is data written as Python lists (numbers, strings or
+  lists of them), not a list of input arrays or dicts (several inputs)."""
+  return isinstance(value, (list, tuple)) and bool(value) and not any(
+      hasattr(v, "shape") or isinstance(v, dict) for v in value)
+
+
+def _ragged(name, value):
+  """The one line for Python rows that no array can hold, or None."""
+  lengths = [len(row) if isinstance(row, (list, tuple)) else None
+             for row in value]
+  for i, length in enumerate(lengths):
+    if length != lengths[0]:
+      def said(n):
+        return "a single value" if n is None else f"{n} values"
+      return (f"{name}'s rows differ in length (row 0 has "
+              f"{said(lengths[0])}, row {i} has {said(length)}): every "
+              f"example needs the same shape; pad them (e.g. "
+              f"keras.utils.pad_sequences) into one numpy array. Received: "
+              f"{name}=list of {len(value)} rows")
+  try:
+    np.asarray(value)
+  except ValueError:
+    return (f"{name}'s rows differ in length below the first axis: every "
+            f"example needs the same shape; pad them into one numpy array. "
+            f"Received: {name}=list of {len(value)} rows")
+  return None
+
+
+def check_python_rows(x, y=None):
+  """x and y given as Python lists (fit, evaluate, predict).
+
+  A Python list x is Keras's way to pass several inputs (one array each);
+  a list of numbers, strings or lists is one input's examples written out,
+  which Keras's `fit` refuses ("Unrecognized data type") and which would be
+  counted here by its first row's length. Such an x is refused in one
+  line, naming the rows that differ when no array can hold them. A list y
+  (labels) is taken, as before, when its rows all have one length.
+
+  Raises:
+    ValueError: one line naming x or y.
+  """
+  for name, value in (("x", x), ("y", y)):
+    line = _is_python_rows(value) and _ragged(name, value)
+    if line:
+      raise ValueError(line)
+  if _is_python_rows(x):
+    raise ValueError(
+        f"x is a Python list of {len(x)} examples; pass one numpy array, "
+        f"np.asarray(x, dtype=...) with the dtype the model takes, or a "
+        f"list of arrays (one per input). Received: x=list of {len(x)} rows")
+
+
 def check_lengths(x, y):
   """x and y (arrays) hold the same number of examples (fit, evaluate)."""
+  check_python_rows(x, y)
   nx, ny = _length(x), _length(y)
   if (nx is not None and ny is not None and nx != ny and
       not isinstance(x, (list, tuple, dict))):

@@ -547,6 +547,7 @@ class InterlockModel(keras.Model):
       Numpy logits.
     """
     exit = keras_fit.check_exit(self.interlock_modules, exit)
+    fit_arguments.check_python_rows(x)
     fit_arguments.check_example_shape(x, self._example_shape())
     if not self.built and hasattr(x, "shape"):
       # Built eagerly with x's dtype, as fit builds, not inside the traced
