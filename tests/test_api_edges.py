@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tf_interlock as ti
+from tf_interlock import export as export_lib
 from tf_interlock import placement as placement_lib
 
 X = np.random.RandomState(0).rand(64, 8).astype("float32")
@@ -248,3 +249,28 @@ def test_a_list_of_labels_still_trains():
   model = _model()
   model.fit(X, Y.tolist(), batch_size=8, verbose=0)
   assert _steps(model) == [8, 8]
+
+
+@pytest.mark.parametrize("name", ["exp[1]", "exp*", "exp?", "exp{a,b}"])
+def test_an_export_folder_tf_would_read_as_a_pattern_is_refused(tmp_path,
+                                                                name):
+  model = _model()
+  model.fit(X, Y, batch_size=8, verbose=0)
+  target = tmp_path / name
+  for export in (model.export_saved_model,
+                 lambda path: model.export(path, verbose=False)):
+    with pytest.raises(ValueError) as e:
+      export(str(target))
+    assert str(e.value).endswith(f"Received: export_dir={str(target)!r}")
+    assert "file pattern" in str(e.value) and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+  # The same folder under a plain name exports and loads.
+  plain = model.export_saved_model(str(tmp_path / "exp1"))
+  logits = export_lib.load_exported(plain).signatures["serving_default"](
+      inputs=tf.constant(X[:4]))["logits"]
+  np.testing.assert_allclose(logits, model.predict(X[:4], verbose=0),
+                             rtol=1e-5, atol=1e-5)
+  # A folder renamed into a pattern is refused on load, in one line.
+  (tmp_path / "exp1").rename(target)
+  with pytest.raises(ValueError, match="rename the folder to load it"):
+    export_lib.load_exported(str(target))

@@ -34,6 +34,28 @@ from tf_interlock import metric_names
 from tf_interlock import tf_private
 
 SERVING_KEY = "serving_default"
+
+# TF reads a SavedModel's variables (and a checkpoint prefix) as a file
+# pattern: "exp[1]" matches "exp1", never itself, and no escape helps, since
+# the same string is then opened literally. An export there is written but
+# `tf.saved_model.load` fails. The training binaries refuse the same
+# characters in their run and export folders (`train.run_dir`).
+PATTERN_CHARS = "*?[]{}\\"
+
+
+def pattern_chars(path):
+  """The characters of `path` that TF reads as a file pattern ('' if none)."""
+  return "".join(c for c in PATTERN_CHARS if c in os.fspath(path))
+
+
+def _check_literal(export_dir, done):
+  bad = pattern_chars(export_dir)
+  if bad:
+    raise ValueError(
+        f"export_dir={export_dir} contains {bad!r}, which TensorFlow reads "
+        f"as a file pattern when it loads a SavedModel; {done}: use a name "
+        f"without {' '.join(PATTERN_CHARS)}. Received: "
+        f"export_dir={export_dir!r}")
 _EXIT_PREFIX = "exit_"
 _INPUT_NAME = "inputs"
 
@@ -175,6 +197,8 @@ def saved_model_writer(modules, input_spec):
 def _check_target(export_dir):
   """Raises unless `export_dir` is missing or an empty folder, and no file
   is in its way (a deep NotADirectoryError after tracing, else)."""
+  _check_literal(export_dir, "the export could never be loaded, so nothing "
+                 "was written")
   received = f"Received: export_dir={export_dir!r}"
   target = export_dir if "://" in export_dir else os.path.abspath(
       export_dir)
@@ -204,8 +228,10 @@ def export_saved_model(modules, input_spec, export_dir):
       (usually None), e.g. `tf.TensorSpec([None, 32, 32, 3], tf.float32)`;
       for a model of several inputs a dict (or list) of them, served as
       one named argument each.
-    export_dir: the folder to write (local path or URL): missing or empty.
-      Anything else is refused before tracing, and nothing is written.
+    export_dir: the folder to write (local path or URL): missing or empty,
+      its name free of the characters TF reads as a file pattern
+      (`PATTERN_CHARS`). Anything else is refused before tracing, and
+      nothing is written.
 
   Returns:
     `export_dir`, as a string.
@@ -228,6 +254,7 @@ def load_exported(export_dir):
   """
   path = os.fspath(export_dir)
   received = f"Received: export_dir={path!r}"
+  _check_literal(path, "rename the folder to load it")
   if not tf.io.gfile.isdir(path):
     raise ValueError(f"No SavedModel directory at {path}. {received}")
   variables = os.path.join(path, "variables")

@@ -23,6 +23,7 @@ import uuid
 from google.protobuf import text_format
 import tensorflow as tf
 
+from tf_interlock import export as export_lib
 from tf_interlock import tf_private
 from train import export_dir as export_dir_lib
 from train import owned_dir
@@ -60,9 +61,9 @@ is_within = paths.is_within
 
 
 # TF reads a checkpoint prefix (and a SavedModel's variables) as a file
-# pattern: "run[1]" matches "run1", never itself, and no escape helps, since
-# the same string is then opened literally.
-GLOB_CHARS = "*?[]{}\\"
+# pattern: "run[1]" matches "run1", never itself. One rule with the
+# library's export (`tf_interlock.export.PATTERN_CHARS`).
+GLOB_CHARS = export_lib.PATTERN_CHARS
 
 
 def check_literal(path, name="--model_dir"):
@@ -78,7 +79,7 @@ def check_literal(path, name="--model_dir"):
   Raises:
     ValueError: naming the path and the characters at fault.
   """
-  bad = "".join(c for c in GLOB_CHARS if c in os.fspath(path))
+  bad = export_lib.pattern_chars(path)
   if bad:
     kept = (" (its files are intact: rename the folder to resume or export "
             "it)" if tf.io.gfile.exists(path) else "")
