@@ -99,8 +99,20 @@ def test_a_bad_pointer_is_an_error_naming_the_newest_checkpoint(
   assert run.latest_checkpoint("ckpt-20").endswith("ckpt-20")
   with pytest.raises(ValueError, match="would overwrite the newer"):
     run.latest_checkpoint("ckpt-10")
-  with pytest.raises(ValueError, match="not a complete checkpoint"):
+  with pytest.raises(ValueError, match="checkpoint ckpt-30 in .* is "
+                     "incomplete") as info:
     run.latest_checkpoint("ckpt-30")
+  assert "the run has: ckpt-10, ckpt-20." in str(info.value)
+  # TF's file is ckpt-20 exactly: a zero-padded step names no file.
+  for select, words in (("ckpt-020", "(did you mean ckpt-20?)"),
+                        ("ckpt-5", "no checkpoint ckpt-5 in"),
+                        ("latest", "no checkpoint latest in")):
+    with pytest.raises(ValueError) as info:
+      run.latest_checkpoint(select, flag="--checkpoint", for_writing=False)
+    line = str(info.value)
+    assert line.startswith(f"--checkpoint={select}: ") and words in line
+    assert "the run has: ckpt-10, ckpt-20." in line
+    assert line.endswith(f"Received: checkpoint={select!r}")
   run.repair_pointer(run.latest_checkpoint("ckpt-20"))
   assert run.latest_checkpoint().endswith("ckpt-20")
   if pointer is not None:  # the damaged pointer is kept, not deleted

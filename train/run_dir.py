@@ -419,11 +419,11 @@ class RunDir:
     if select is not None:
       received = f"Received: {flag.lstrip('-')}={select!r}"
       match = re.fullmatch(r"ckpt-(\d+)", select)
-      if not match or int(match.group(1)) not in complete:
-        raise ValueError(
-            f"{flag}={select} is not a complete checkpoint in "
-            f"{self.checkpoint_dir}; complete ones: "
-            f"{['ckpt-%d' % n for n in complete] or 'none'}. {received}")
+      # TF names a checkpoint ckpt-<step> exactly: "ckpt-010" is no file,
+      # even when ckpt-10 is one.
+      if select not in [f"ckpt-{n}" for n in complete]:
+        raise ValueError(self._no_checkpoint(select, flag, complete) +
+                         f" {received}")
       newer = [n for n in complete if n > int(match.group(1))]
       if newer and for_writing:
         raise ValueError(
@@ -439,6 +439,23 @@ class RunDir:
     raise ValueError(f"{pointer} {problem} but {self.checkpoint_dir} holds "
                      f"checkpoint data; nothing was changed: {hint}. "
                      f"{self._received}")
+
+  def _no_checkpoint(self, select, flag, complete):
+    """Why `select` names no complete checkpoint, and what the run has."""
+    has = ", ".join(f"ckpt-{n}" for n in complete) or "none"
+    match = re.fullmatch(r"ckpt-0*(\d+)", select)
+    if match and int(match.group(1)) in complete:
+      why = (f"no checkpoint {select} in {self.checkpoint_dir} (did you "
+             f"mean ckpt-{int(match.group(1))}?)")
+    elif match and tf.io.gfile.isdir(self.checkpoint_dir) and any(
+        n.startswith(select + ".") for n in
+        tf.io.gfile.listdir(self.checkpoint_dir)):
+      why = (f"checkpoint {select} in {self.checkpoint_dir} is incomplete "
+             f"(its index or a data shard is missing)")
+    else:
+      why = f"no checkpoint {select} in {self.checkpoint_dir}"
+    return (f"{flag}={select}: {why}; nothing was changed; the run has: "
+            f"{has}.")
 
   def _unfinished_checkpoints(self):
     """checkpoints/ckpt-N_temp entries, as paths relative to model_dir."""

@@ -17,6 +17,7 @@ from train import config as config_lib
 from train import datasets
 from train import export_dir as export_dir_lib
 from train import networks
+from train import owned_dir
 from train import paths
 from train import run_dir as run_dir_lib
 from train import run_lock
@@ -149,6 +150,35 @@ def export_run(model_dir, export_dir=None, checkpoint=None):
                   "step": train_lib.checkpoint_step(latest)})
 
 
+def export_record(saved_model):
+  """The configuration an export of the binaries records, or None.
+
+  The binaries write `interlock_export.json` with the run's "config" (and
+  model_dir, step) into every export; `export_saved_model` called directly
+  writes none, and then the data flags decide. A marker that is there but
+  unreadable, of another shape or without its "config" object is damaged:
+  evaluated as if it were absent, its data would be guessed from the flags
+  and the failure would speak of feature shapes, never of the file.
+
+  Raises:
+    ValueError: one line naming the damaged file and what is wrong.
+  """
+  marker_path = paths.join(saved_model, export_dir_lib.MARKER)
+  if not tf.io.gfile.exists(marker_path) and (
+      paths.special_kind(marker_path) is None):
+    return None
+  received = f"Received: saved_model={saved_model!r}"
+  try:
+    marker = owned_dir.load_json(marker_path, {"config": dict})
+  except ValueError as e:
+    raise ValueError(
+        f"{marker_path} {e}; nothing was evaluated: it records the "
+        f"configuration the export was trained with, so export the run "
+        f"again (train.export), or move the file away and pass the data "
+        f"flags the export was trained with. {received}") from None
+  return marker
+
+
 def check_export_of(saved_model, recorded, model_dir):
   """Raises if `saved_model` was exported from a run of another network.
 
@@ -165,8 +195,8 @@ def check_export_of(saved_model, recorded, model_dir):
   Raises:
     ValueError: one line naming the first field that differs.
   """
-  marker = export_dir_lib.read_marker(saved_model) or {}
-  if not isinstance(marker.get("config"), dict):
+  marker = export_record(saved_model)
+  if marker is None:
     return
   made_from = config_from_dict(
       marker["config"], f"{saved_model}/{export_dir_lib.MARKER}")
@@ -208,13 +238,8 @@ def evaluation_config(saved_model, model_dir, flag_config, given,
                      "saved_model=None")
   else:
     run_dir_lib.check_literal(paths.normalize(saved_model), "--saved_model")
-    marker_path = paths.join(saved_model, export_dir_lib.MARKER)
-    if paths.special_kind(marker_path) is not None:
-      raise ValueError(f"{marker_path} is {paths.special_kind(marker_path)},"
-                       f" not a regular file; nothing was read. Received: "
-                       f"saved_model={saved_model!r}")
-    marker = export_dir_lib.read_marker(saved_model) or {}
-    if isinstance(marker.get("config"), dict):
+    marker = export_record(saved_model)
+    if marker is not None:
       recorded = config_from_dict(
           marker["config"], f"{saved_model}/{export_dir_lib.MARKER}")
   if recorded is None:
