@@ -131,6 +131,15 @@ def _cases(tmp_path, prepared):
       (False, SYNTH + [f"--source_dir={a_file}"],
        [f"--source_dir='{a_file}'", "not a file"]),
       (False, lm + ["--epochs=0.001"], ["--epochs=0.001", "gives 0 steps"]),
+      # Each network with the other kind of example (issue 46: the ResNet
+      # on synthetic vectors failed after validation, unpacking a shape).
+      (False, SYNTH + ["--model=resnet"],
+       ["--model='resnet'", "dataset=synthetic gives vectors",
+        "needs an image dataset"]),
+      (False, ["--preset=fashion_mnist_resnet", "--model=mlp",
+               "--placement=single", f"--source_dir={prepared[0]}",
+               f"--data_dir={prepared[1]}"],
+       ["--model='mlp'", "gives images", "model=mlp takes vectors"]),
       (False, lm + ["--vocab_kind=wordpiece", "--vocab_size=4"],
        ["vocab_size=4", "too small"]),
   ]

@@ -192,6 +192,18 @@ def _check_choices(config):
   if config.network.model != "transformer" and config.is_text:
     fail("model", config.network.model, f"dataset={config.data.dataset} needs "
          "model=transformer")
+  # The ResNet's convolutions take images (height, width, channels); the
+  # MLP's Dense layers a vector per example (synthetic's 32 features): on
+  # the other kind each fails only when the network is built.
+  if (config.network.model == "resnet" and
+      config.data.dataset not in IMAGE_DATASETS):
+    fail("model", config.network.model, f"dataset={config.data.dataset} "
+         f"gives vectors, not images: model=resnet needs an image dataset "
+         f"{IMAGE_DATASETS}; use model=mlp for synthetic")
+  if config.network.model == "mlp" and config.data.dataset in IMAGE_DATASETS:
+    fail("model", config.network.model, f"dataset={config.data.dataset} "
+         f"gives images: model=mlp takes vectors (dataset=synthetic); use "
+         f"model=resnet for images")
 
 
 def _check_numbers(config):

@@ -107,6 +107,28 @@ def _check_local_path(export_dir, name, received):
         f"written: pick a shorter path. {received}")
 
 
+def _check_sibling_links(export_dir, name, received):
+  """Raises if a `.<name>.tmp-*` or `.old-*` beside the target is a link.
+
+  Those names are an export's own leftovers, which the next export removes
+  (`remove_stale`), and never through a link (`owned_dir.check_contained`).
+  Found only then, at the end of training, the link would stop the run
+  after its last steps; found here, the run (whose preflight calls this
+  through `RunDir.check_export_dir`) stops before anything is written.
+  """
+  parent = paths.parent(export_dir)
+  if paths.is_url(export_dir) or not os.path.isdir(parent):
+    return
+  for path in sorted(_siblings(export_dir, "tmp") +
+                     _siblings(export_dir, "old")):
+    if os.path.islink(path):
+      raise ValueError(
+          f"{path} is a symbolic link (to {os.readlink(path)}) named like "
+          f"a temporary folder of the export {name}={export_dir}, which an "
+          f"export removes, never through a link; nothing was written: "
+          f"move it away. {received}")
+
+
 def check_export_target(export_dir, owner=None, name="export_dir"):
   """Raises unless an export may write `export_dir`; writes nothing.
 
@@ -125,6 +147,7 @@ def check_export_target(export_dir, owner=None, name="export_dir"):
   received = f"Received: {name.lstrip('-')}={export_dir!r}"
   owned_dir.check_folder_path(export_dir, name)
   _check_local_path(export_dir, name, received)
+  _check_sibling_links(export_dir, name, received)
   if not tf.io.gfile.exists(export_dir):
     return
   marker = read_marker(export_dir)
