@@ -192,6 +192,38 @@ CASES = [
      lambda c, r: _fifo(r / "export" / "interlock_export.json"),
      lambda c, r: [f"--saved_model={r}/export"],
      ["interlock_export.json is a FIFO"]),
+    # Issue 46: a damaged export marker is named, not taken for no marker.
+    *[(f"evaluate: the export's marker is {what}", "train.evaluate",
+       lambda c, r, damage=damage: damage(r / "export" /
+                                          "interlock_export.json"),
+       lambda c, r: [f"--saved_model={r}/export"],
+       ["interlock_export.json is", words, "nothing was evaluated"])
+      for what, damage, words in (
+          ("{}", lambda p: p.write_text("{}"),
+           "its 'config' is 'None', not dict"),
+          ("truncated", lambda p: p.write_bytes(p.read_bytes()[:40]),
+           "not a readable JSON object"),
+          ("nested 40 deep", lambda p: p.write_text(
+              '{"config": ' + '{"a": ' * 40 + "1" + "}" * 41),
+           "nested deeper than 32 levels"))],
+    # A checkpoint flag naming no checkpoint lists the run's.
+    ("resume_from zero-padded", "train.train", None,
+     lambda c, r: ["--resume_from=ckpt-010"],
+     ["--resume_from=ckpt-010: no checkpoint ckpt-010 in",
+      "(did you mean ckpt-10?)", "the run has: ckpt-10."]),
+    ("export of a missing checkpoint", "train.export", None,
+     lambda c, r: ["--checkpoint=ckpt-05"],
+     ["--checkpoint=ckpt-05: no checkpoint ckpt-05 in",
+      "the run has: ckpt-10."]),
+    # A link named like the export's temporary folder: refused before the
+    # first step, not after the run's last steps.
+    ("a planted .export.tmp-* link", "train.train",
+     lambda c, r: ((c / "elsewhere").mkdir(),
+                   (r / ".export.tmp-0123456789ab").symlink_to(
+                       c / "elsewhere")),
+     lambda c, r: [],
+     [".export.tmp-0123456789ab is a symbolic link", "nothing was written",
+      "--export_dir="]),
     ("a TPU address nothing listens at", "train.train", None,
      lambda c, r: [f"--model_dir={c}/new", "--placement=tpu",
                    "--tpu=grpc://127.0.0.1:1"],
