@@ -59,14 +59,21 @@ class KerasSegment(keras.layers.Layer):
     tied_layers: {layer name in this piece: tie key} of the layers whose
       weights are one weight with a layer of another piece (the same key
       there): the trainer sums their gradients (`tied_gradients`).
+    trainable_flags: optional `layer_state.trainable_flags` to set after
+      the build (what a saved piece's layers were, at every depth).
+    origins: optional {layer name: its path of names in the user's model}
+      and the user's model (`keras_origins`).
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
   """
 
   def __init__(self, model_config, initial_weights=None, custom_objects=None,
-               tied_layers=None, **kwargs):
+               tied_layers=None, trainable_flags=None, origins=None,
+               **kwargs):
     super().__init__(**kwargs)
+    self._flags_json = json.dumps(trainable_flags or {})
+    self._origins_json = json.dumps(origins or {})
     # Kept as text: Keras wraps a dict attribute in a tracking container
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
@@ -92,6 +99,8 @@ class KerasSegment(keras.layers.Layer):
         for layer_name, state in self._initial_weights.items():
           layer_state.restore(self.model.get_layer(layer_name), state)
         self._initial_weights = None
+      layer_state.set_trainable_flags(self.model,
+                                      json.loads(self._flags_json))
     if not self.trainable:
       # Frozen before its layers existed (e.g. `model.modules[0].trainable
       # = False` before the first build): freeze them too, so that a
@@ -134,6 +143,14 @@ class KerasSegment(keras.layers.Layer):
     config["model_config"] = self.model_config
     if self.tied_layers:
       config["tied_layers"] = self.tied_layers
+    # Every layer's trainable flag as it is now, at every depth: a flag
+    # set after the split is no part of model_config.
+    flags = (json.loads(self._flags_json) if self.model is None else
+             layer_state.trainable_flags(self.model))
+    if flags:
+      config["trainable_flags"] = flags
+    if json.loads(self._origins_json):
+      config["origins"] = json.loads(self._origins_json)
     return config
 
 

@@ -79,11 +79,47 @@ def restore(layer, state):
         f"nested layers than the original, so which are frozen cannot be "
         f"carried over. Received: original={[n for n, _ in state.trainable]}"
         f", re-created={classes}")
+  _set_flags(nested, [trainable for _, trainable in state.trainable])
+
+
+def _set_flags(nested, flags):
   # Outer layers first: setting a layer's `trainable` sets its sublayers',
   # and each sublayer then gets its own recorded flag back.
-  for inner, (_, trainable) in zip(nested, state.trainable):
+  for inner, trainable in zip(nested, flags):
     if inner.trainable != trainable:
       inner.trainable = trainable
+
+
+def trainable_flags(model):
+  """{layer name: [its `trainable`, then each nested layer's]} of the
+  layers of a functional `model` (a piece), as the user has set them now.
+
+  A layer's config records its own flag only, and only as it was when the
+  config was taken; this records every depth, so that flags changed after
+  the split (keras.io's fine-tuning: unfreeze, recompile, fit) survive a
+  save, a reload and a clone.
+  """
+  return {layer.name: [bool(inner.trainable) for inner in _with_nested(layer)]
+          for layer in model.layers
+          if not isinstance(layer, keras.layers.InputLayer)}
+
+
+def set_trainable_flags(model, flags):
+  """Sets `trainable_flags`'s flags on `model`'s layers (built from the
+  same config; a layer not named keeps its own).
+
+  Raises:
+    ValueError: when a layer holds another number of nested layers than
+      recorded.
+  """
+  for name, recorded in flags.items():
+    nested = _with_nested(model.get_layer(name))
+    if len(nested) != len(recorded):
+      raise ValueError(
+          f"Layer {name!r} re-created from its config holds "
+          f"{len(nested)} layers at every depth, its recorded trainable "
+          f"flags {len(recorded)}. Received: flags={recorded}")
+    _set_flags(nested, recorded)
 
 
 def _adapted_vocabularies(layers):
