@@ -36,6 +36,7 @@ from tf_interlock import fit_arguments
 from tf_interlock import keras_blocks
 from tf_interlock import keras_flatten
 from tf_interlock import keras_nodes
+from tf_interlock import keras_origins
 from tf_interlock import keras_private
 from tf_interlock import keras_ties
 from tf_interlock import layer_state
@@ -74,6 +75,7 @@ class KerasSegment(keras.layers.Layer):
     super().__init__(**kwargs)
     self._flags_json = json.dumps(trainable_flags or {})
     self._origins_json = json.dumps(origins or {})
+    self._source = lambda: None
     # Kept as text: Keras wraps a dict attribute in a tracking container
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
@@ -110,6 +112,23 @@ class KerasSegment(keras.layers.Layer):
   @property
   def model_config(self):
     return json.loads(self._model_json)
+
+  @property
+  def origins(self):
+    """{"paths": {layer name: its path of names in the user's model}, ...}
+    (`keras_origins`); {} for a piece made otherwise."""
+    return json.loads(self._origins_json)
+
+  def set_origins(self, origins, source=None):
+    """Records where this piece's layers came from, and the user's model
+    itself (not saved: `source_model`)."""
+    self._origins_json = json.dumps(origins)
+    self._source = lambda: source
+
+  def source_model(self):
+    """The model given to `from_keras`, while this piece was made from it
+    in this process; None after a reload or a clone."""
+    return self._source()
 
   @property
   def tied_layers(self):
@@ -497,7 +516,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   # go inside them (the transfer-learning idiom), and a layer called twice
   # (tied weights) becomes a copy per call, recorded in `ties`
   # (keras_flatten).
-  model, ties = keras_flatten.flatten(model, _layer_classes(model))
+  source = model
+  model, ties, sources = keras_flatten.flatten_with_sources(
+      model, _layer_classes(model))
   graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
@@ -553,8 +574,10 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
     counts = partition.balanced_split(costs, num_modules)
     cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
-  return _build_modules(graph, config, layers, crossing, cuts, aux_head,
-                        num_classes, name, ties)
+  modules = _build_modules(graph, config, layers, crossing, cuts, aux_head,
+                           num_classes, name, ties)
+  keras_origins.record(modules, source, sources)
+  return modules
 
 
 def _is_float(tensor):
