@@ -9,6 +9,9 @@ The model (tests/keras_models.transfer_model): a nested functional base
 pooling layer and a Dense "head"; cut into 3 modules after relu1 and relu2.
 """
 
+import os
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -238,3 +241,15 @@ def test_to_keras_gives_back_a_gpt2_causal_lm_that_generates(tmp_path):
   assert isinstance(again, keras_hub.models.GPT2CausalLM)
   assert again is not causal_lm
   np.testing.assert_allclose(again.predict(x, verbose=0), want, atol=1e-5)
+
+
+def test_keras_docs_fine_tuning_example_runs(tmp_path, capsys):
+  """docs/keras.md's "Fine-tuning after the split" block, as written."""
+  root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+  with open(os.path.join(root, "docs", "keras.md")) as f:
+    blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+  block, = [b for b in blocks if "model.to_keras()" in b]
+  saved = tmp_path / "fine_tuned.keras"
+  exec(block.replace('"/tmp/fine_tuned.keras"', repr(str(saved))), {})  # pylint: disable=exec-used
+  assert capsys.readouterr().out.splitlines()[-1] == "True"
+  assert saved.exists()
