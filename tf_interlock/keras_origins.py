@@ -177,14 +177,14 @@ def nested_names(modules):
 
 def nested_model(modules, name):
   """The `NestedModel` called `name`, or None when no layer came from a
-  nested model of that name.
+  nested model of that name (or a layer of the pieces has that name).
 
   Raises:
     ValueError: when a module holding its layers is not built yet.
   """
   places = nested_names(modules).get(name)
-  if places is None:
-    return None
+  if places is None or any(name in m.layer_names for m in modules):
+    return None  # A layer of that name comes first, as before.
   layers = []
   for k, names in places:
     layers += _built_layers(k, modules[k], names,
@@ -258,7 +258,18 @@ def give_back(modules):
           "to_keras: the model given to from_keras is gone (the split model "
           "was reloaded or cloned) and its config could not be saved. "
           "Received: source=None")
-    target = keras.saving.deserialize_keras_object(config)
+    try:
+      target = keras.saving.deserialize_keras_object(config)
+    except (TypeError, ValueError) as e:
+      # Keras finds a class by its registered name, as for load_model.
+      raise ValueError(
+          f"to_keras: the model given to from_keras is gone (the split "
+          f"model was reloaded or cloned) and rebuilding it from its saved "
+          f"config failed; register your layer classes "
+          f"(@keras.saving.register_keras_serializable()) or call to_keras "
+          f"under keras.saving.custom_object_scope. Received: "
+          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+      ) from e
   pieces = {}
   for k, module in enumerate(modules):
     paths = _paths_of(module)

@@ -73,7 +73,7 @@ class KerasSegment(keras.layers.Layer):
                tied_layers=None, trainable_flags=None, origins=None,
                **kwargs):
     super().__init__(**kwargs)
-    self._flags_json = json.dumps(trainable_flags or {})
+    self._flags_json = json.dumps(trainable_flags or [])
     self._origins_json = json.dumps(origins or {})
     self._source = lambda: None
     # Kept as text: Keras wraps a dict attribute in a tracking container
