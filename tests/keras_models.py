@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from tf_interlock import keras_private
 from tf_interlock import placement as placement_lib
 
 
@@ -62,7 +63,7 @@ def transfer_model(seed=0):
       keras.layers.BatchNormalization(name="bn3"),
       keras.layers.ReLU(name="relu3")], name="block3")
   base = keras.Model(base_in, block3(h), name="small_base")
-  for layer in keras_private_layers(base):
+  for layer in keras_private.flatten_layers(base):
     if isinstance(layer, keras.layers.BatchNormalization):
       layer.moving_mean.assign(np.full(layer.moving_mean.shape, 0.25))
   base.trainable = False
@@ -72,7 +73,3 @@ def transfer_model(seed=0):
   return keras.Model(inputs, keras.layers.Dense(5, name="head")(h),
                      name="transfer")
 
-
-def keras_private_layers(model):
-  """Every layer inside `model`, nested ones included."""
-  return list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access

@@ -62,8 +62,9 @@ class KerasSegment(keras.layers.Layer):
       there): the trainer sums their gradients (`tied_gradients`).
     trainable_flags: optional `layer_state.trainable_flags` to set after
       the build (what a saved piece's layers were, at every depth).
-    origins: optional {layer name: its path of names in the user's model}
-      and the user's model (`keras_origins`).
+    origins: optional {"paths": {layer name: its path of names in the
+      user's model}, and in piece 1 "source": that model's serialized
+      config} (`keras_origins.record`).
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
