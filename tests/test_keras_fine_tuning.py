@@ -243,6 +243,7 @@ def test_to_keras_gives_back_a_gpt2_causal_lm_that_generates(tmp_path):
   np.testing.assert_allclose(again.predict(x, verbose=0), want, atol=1e-5)
 
 
+@pytest.mark.slow  # About 14 s on 2 cores; the tests above cover the same.
 def test_keras_docs_fine_tuning_example_runs(tmp_path, capsys):
   """docs/keras.md's "Fine-tuning after the split" block, as written."""
   root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
