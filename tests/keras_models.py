@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from tf_interlock import keras_private
 from tf_interlock import placement as placement_lib
 
 
@@ -43,3 +44,32 @@ def assert_on_devices(trainer, placement):
     for v in variables:
       assert placement_lib.same_device(v.value.device, placement.devices[k]), (
           k, v.path, v.value.device)
+
+
+def transfer_model(seed=0):
+  """keras.io's transfer-learning shape: a small nested functional base
+  ("small_base": conv-BN-ReLU x 3, its last block a nested Sequential
+  "block3"), frozen as in phase 1, under a pooling and a Dense head.
+  Input 8 x 8 x 3, 5 classes."""
+  keras.utils.set_random_seed(seed)
+  base_in = keras.Input((8, 8, 3))
+  h = base_in
+  for b, filters in ((1, 4), (2, 8)):
+    h = keras.layers.Conv2D(filters, 3, padding="same", name=f"conv{b}")(h)
+    h = keras.layers.BatchNormalization(name=f"bn{b}")(h)
+    h = keras.layers.ReLU(name=f"relu{b}")(h)
+  block3 = keras.Sequential([
+      keras.layers.Conv2D(8, 3, padding="same", name="conv3"),
+      keras.layers.BatchNormalization(name="bn3"),
+      keras.layers.ReLU(name="relu3")], name="block3")
+  base = keras.Model(base_in, block3(h), name="small_base")
+  for layer in keras_private.flatten_layers(base):
+    if isinstance(layer, keras.layers.BatchNormalization):
+      layer.moving_mean.assign(np.full(layer.moving_mean.shape, 0.25))
+  base.trainable = False
+  inputs = keras.Input((8, 8, 3))
+  h = base(inputs, training=False)
+  h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+  return keras.Model(inputs, keras.layers.Dense(5, name="head")(h),
+                     name="transfer")
+

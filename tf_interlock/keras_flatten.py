@@ -192,6 +192,12 @@ def _inline(graph, taken):
 
 
 def flatten(model, custom_objects):
+  """`flatten_with_sources` without the sources: (flat, ties)."""
+  flat, ties, _ = flatten_with_sources(model, custom_objects)
+  return flat, ties
+
+
+def flatten_with_sources(model, custom_objects):
   """`model`, or an equal functional model with each layer called once.
 
   Nested models are inlined, and each further call of a layer becomes the
@@ -206,10 +212,13 @@ def flatten(model, custom_objects):
     (flat, ties): `model` itself and [] when `needs_flattening` is False;
     otherwise a new functional model, same inputs and outputs, whose layers
     hold copies of the source weights, and the names of its layers that
-    are one weighted layer of `model` (`keras_ties.groups`).
+    are one weighted layer of `model` (`keras_ties.groups`). Then
+    {name of a layer or operation of flat: the one of `model`, at any
+    depth, that it stands for} (`keras_origins` maps them back).
   """
   if not needs_flattening(model):
-    return model, []
+    graph = keras_private.functional_graph(model)
+    return model, [], {op.name: op for op in graph.operations}
   graph = keras_private.functional_graph(model)
   config, sources = _inline(graph, set())
   ties = keras_ties.groups(sources, lambda s: bool(keras_nodes.weights(s)))
@@ -222,4 +231,4 @@ def flatten(model, custom_objects):
     if (keras_nodes.is_layer(source) and
         not isinstance(source, keras.layers.InputLayer)):
       layer_state.restore(flat.get_layer(name), layer_state.snapshot(source))
-  return flat, ties
+  return flat, ties, sources

@@ -47,6 +47,7 @@ from tf_interlock import input_nest
 from tf_interlock import keras_habits
 from tf_interlock import keras_fit
 from tf_interlock import keras_metrics
+from tf_interlock import keras_origins
 from tf_interlock import keras_private
 from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
@@ -127,11 +128,34 @@ class InterlockModel(keras.Model):
     """Keras's `get_layer`; a name not at the top level (the modules) is
     looked up in every module's body and aux head, so the name of a layer
     of the model given to `from_keras` finds it in its module (once
-    built)."""
+    built). The name of a nested model of that model gives a
+    `keras_origins.NestedModel`: its layers in every module, whose
+    `trainable` sets them all."""
     if name is None or index is not None or name in [
         layer.name for layer in self.layers]:
       return super().get_layer(name, index)
+    nested = keras_origins.nested_model(self.interlock_modules, name)
+    if nested is not None:
+      return nested
     return keras_habits.find_layer(self.interlock_modules, name)
+
+  def to_keras(self):
+    """The model given to `from_keras`, holding this model's trained state.
+
+    Every layer's weights, BatchNormalization statistics and `trainable`
+    flags (at every depth, nested models included) are written into the
+    Keras (or keras_hub) model that was split, so its own methods serve
+    the trained network: `generate()`, `save()`, keras_hub's tooling. After
+    `load_model` or a clone, the original object is gone: a new one is
+    built from its config (saved with the modules) and returned.
+
+    Returns:
+      That `keras.Model`. Its predictions equal this model's `predict`.
+    """
+    if not self.built:
+      raise ValueError("Build or fit the model before to_keras. "
+                       "Received: built=False")
+    return keras_origins.give_back(self.interlock_modules)
 
   @property
   def modules(self):

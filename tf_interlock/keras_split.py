@@ -37,6 +37,7 @@ from tf_interlock import int_args
 from tf_interlock import keras_blocks
 from tf_interlock import keras_flatten
 from tf_interlock import keras_nodes
+from tf_interlock import keras_origins
 from tf_interlock import keras_private
 from tf_interlock import keras_ties
 from tf_interlock import layer_state
@@ -60,14 +61,23 @@ class KerasSegment(keras.layers.Layer):
     tied_layers: {layer name in this piece: tie key} of the layers whose
       weights are one weight with a layer of another piece (the same key
       there): the trainer sums their gradients (`tied_gradients`).
+    trainable_flags: optional `layer_state.trainable_flags` to set after
+      the build (what a saved piece's layers were, at every depth).
+    origins: optional {"paths": {layer name: its path of names in the
+      user's model}, and in piece 1 "source": that model's serialized
+      config} (`keras_origins.record`).
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
   """
 
   def __init__(self, model_config, initial_weights=None, custom_objects=None,
-               tied_layers=None, **kwargs):
+               tied_layers=None, trainable_flags=None, origins=None,
+               **kwargs):
     super().__init__(**kwargs)
+    self._flags_json = json.dumps(trainable_flags or [])
+    self._origins_json = json.dumps(origins or {})
+    self._source = lambda: None
     # Kept as text: Keras wraps a dict attribute in a tracking container
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
@@ -93,6 +103,8 @@ class KerasSegment(keras.layers.Layer):
         for layer_name, state in self._initial_weights.items():
           layer_state.restore(self.model.get_layer(layer_name), state)
         self._initial_weights = None
+      layer_state.set_trainable_flags(self.model,
+                                      json.loads(self._flags_json))
     if not self.trainable:
       # Frozen before its layers existed (e.g. `model.modules[0].trainable
       # = False` before the first build): freeze them too, so that a
@@ -102,6 +114,23 @@ class KerasSegment(keras.layers.Layer):
   @property
   def model_config(self):
     return json.loads(self._model_json)
+
+  @property
+  def origins(self):
+    """{"paths": {layer name: its path of names in the user's model}, ...}
+    (`keras_origins`); {} for a piece made otherwise."""
+    return json.loads(self._origins_json)
+
+  def set_origins(self, origins, source=None):
+    """Records where this piece's layers came from, and the user's model
+    itself (not saved: `source_model`)."""
+    self._origins_json = json.dumps(origins)
+    self._source = lambda: source
+
+  def source_model(self):
+    """The model given to `from_keras`, while this piece was made from it
+    in this process; None after a reload or a clone."""
+    return self._source()
 
   @property
   def tied_layers(self):
@@ -135,6 +164,14 @@ class KerasSegment(keras.layers.Layer):
     config["model_config"] = self.model_config
     if self.tied_layers:
       config["tied_layers"] = self.tied_layers
+    # Every layer's trainable flag as it is now, at every depth: a flag
+    # set after the split is no part of model_config.
+    flags = (json.loads(self._flags_json) if self.model is None else
+             layer_state.trainable_flags(self.model))
+    if flags:
+      config["trainable_flags"] = flags
+    if json.loads(self._origins_json):
+      config["origins"] = json.loads(self._origins_json)
     return config
 
 
@@ -482,7 +519,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   # go inside them (the transfer-learning idiom), and a layer called twice
   # (tied weights) becomes a copy per call, recorded in `ties`
   # (keras_flatten).
-  model, ties = keras_flatten.flatten(model, _layer_classes(model))
+  source = model
+  model, ties, sources = keras_flatten.flatten_with_sources(
+      model, _layer_classes(model))
   graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
@@ -538,8 +577,10 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
     counts = partition.balanced_split(costs, num_modules)
     cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
-  return _build_modules(graph, config, layers, crossing, cuts, aux_head,
-                        num_classes, name, ties)
+  modules = _build_modules(graph, config, layers, crossing, cuts, aux_head,
+                           num_classes, name, ties)
+  keras_origins.record(modules, source, sources)
+  return modules
 
 
 def _is_float(tensor):

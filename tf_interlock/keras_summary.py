@@ -8,6 +8,8 @@ head's weights phi_k), and the device its variables live on. Keras's own
 with cut inputs) does not have.
 """
 
+from tf_interlock import keras_origins
+
 _HEADER = ("Module", "Layers", "Params", "Aux head", "Aux params", "Device")
 
 
@@ -74,4 +76,5 @@ def summary_lines(model):
                  f"aux heads {heads:,})")
   else:
     lines.append("Total params: unbuilt (build or fit the model first)")
-  return lines
+  # Nested models of the model given to from_keras, spread over modules.
+  return lines + keras_origins.summary_lines(model.interlock_modules)

@@ -79,11 +79,56 @@ def restore(layer, state):
         f"nested layers than the original, so which are frozen cannot be "
         f"carried over. Received: original={[n for n, _ in state.trainable]}"
         f", re-created={classes}")
+  _set_flags(nested, [trainable for _, trainable in state.trainable])
+
+
+def _set_flags(nested, flags):
   # Outer layers first: setting a layer's `trainable` sets its sublayers',
   # and each sublayer then gets its own recorded flag back.
-  for inner, (_, trainable) in zip(nested, state.trainable):
+  for inner, trainable in zip(nested, flags):
     if inner.trainable != trainable:
       inner.trainable = trainable
+
+
+def _piece_layers(model):
+  return [layer for layer in model.layers
+          if not isinstance(layer, keras.layers.InputLayer)]
+
+
+def trainable_flags(model):
+  """[[layer name, [its `trainable`, then each nested layer's]], ...] of
+  the layers of a functional `model` (a piece) in its order, as the user
+  has set them now.
+
+  A layer's config records its own flag only, and only as it was when the
+  config was taken; this records every depth, so that flags changed after
+  the split (keras.io's fine-tuning: unfreeze, recompile, fit) survive a
+  save, a reload and a clone.
+  """
+  return [[layer.name, [bool(inner.trainable) for inner in
+                        _with_nested(layer)]]
+          for layer in _piece_layers(model)]
+
+
+def set_trainable_flags(model, flags):
+  """Sets `trainable_flags`'s flags on `model`'s layers, built from the
+  same config: matched by position (the name is for reading; a layer
+  renamed after the split still gets its own flags).
+
+  Raises:
+    ValueError: when `model` holds other layers than recorded.
+  """
+  layers = _piece_layers(model)
+  if not flags:
+    return
+  sizes = [len(_with_nested(layer)) for layer in layers]
+  if sizes != [len(recorded) for _, recorded in flags]:
+    raise ValueError(
+        f"Piece {model.name!r} re-created from its config holds other "
+        f"layers than its recorded trainable flags. Received: "
+        f"flags={flags}, layers={[layer.name for layer in layers]}")
+  for layer, (_, recorded) in zip(layers, flags):
+    _set_flags(_with_nested(layer), recorded)
 
 
 def _adapted_vocabularies(layers):
