@@ -39,6 +39,7 @@ from tf_interlock import keras_nodes
 from tf_interlock import keras_private
 from tf_interlock import keras_ties
 from tf_interlock import layer_state
+from tf_interlock import task_defaults
 from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
@@ -59,18 +60,23 @@ class KerasSegment(keras.layers.Layer):
     tied_layers: {layer name in this piece: tie key} of the layers whose
       weights are one weight with a layer of another piece (the same key
       there): the trainer sums their gradients (`tied_gradients`).
+    default_loss: optional serialized Keras loss: the loss the source
+      keras_hub task's `compile` picks when given none
+      (`task_defaults`), kept by the last piece so that a saved model
+      knows it too.
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
   """
 
   def __init__(self, model_config, initial_weights=None, custom_objects=None,
-               tied_layers=None, **kwargs):
+               tied_layers=None, default_loss=None, **kwargs):
     super().__init__(**kwargs)
     # Kept as text: Keras wraps a dict attribute in a tracking container
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
     self._tied_json = json.dumps(tied_layers or {})
+    self._default_loss_json = json.dumps(default_loss)
     self._initial_weights = initial_weights
     # The source model's own layer classes, by class name: a user's layer
     # is rebuilt from its class, as keras.models.clone_model does, without
@@ -108,6 +114,15 @@ class KerasSegment(keras.layers.Layer):
     return json.loads(self._tied_json)
 
   @property
+  def default_loss(self):
+    """The source task's default loss, serialized (see Args), or None."""
+    return json.loads(self._default_loss_json)
+
+  @default_loss.setter
+  def default_loss(self, config):
+    self._default_loss_json = json.dumps(config)
+
+  @property
   def layer_names(self):
     """The source model's layers this piece holds, in depth order."""
     return [c["name"] for c in self.model_config["layers"]
@@ -134,6 +149,8 @@ class KerasSegment(keras.layers.Layer):
     config["model_config"] = self.model_config
     if self.tied_layers:
       config["tied_layers"] = self.tied_layers
+    if self.default_loss is not None:
+      config["default_loss"] = self.default_loss
     return config
 
 
@@ -476,6 +493,8 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   fit_arguments.check_from_keras(model, num_modules)
   _checked_graph(model)
   name = name or model.name
+  # A keras_hub task's own default loss, for a compile that names none.
+  task_loss = task_defaults.compile_loss(model)
   # Nested functional and Sequential models are inlined, so that cuts may
   # go inside them (the transfer-learning idiom), and a layer called twice
   # (tied weights) becomes a copy per call, recorded in `ties`
@@ -536,8 +555,10 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
     counts = partition.balanced_split(costs, num_modules)
     cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
-  return _build_modules(graph, config, layers, crossing, cuts, aux_head,
-                        num_classes, name, ties)
+  modules = _build_modules(graph, config, layers, crossing, cuts, aux_head,
+                           num_classes, name, ties)
+  modules[-1].body.default_loss = task_loss
+  return modules
 
 
 def _is_float(tensor):

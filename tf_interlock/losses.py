@@ -90,7 +90,13 @@ def per_example_loss(loss_fn, name="loss_fn"):
         f"(labels, logits) -> per-example loss [batch]. "
         f"Received: {name}={loss_fn!r}")
 
+  # A callable that knows its unreduced values (ours below) gives them, so
+  # that weights per position weigh each position; another's are its own.
+  own = getattr(loss_fn, "per_position", None)
+
   def per_position_values(labels, logits):
+    if own is not None:
+      return tf.convert_to_tensor(own(labels, logits))
     return tf.convert_to_tensor(loss_fn(labels, logits))
 
   def per_example_values(labels, logits):
@@ -100,12 +106,24 @@ def per_example_loss(loss_fn, name="loss_fn"):
   return per_example_values
 
 
+def _sparse_softmax_cross_entropy_values(labels, logits):
+  """The cross-entropy at every position: the labels' shape, float32."""
+  labels = tf.convert_to_tensor(labels)
+  logits = tf.convert_to_tensor(logits)
+  _check_ranks(labels, logits)
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
+
+
 def sparse_softmax_cross_entropy(labels, logits):
   """Per-example softmax cross-entropy with integer labels.
 
   For a language model (labels [B, T], logits [B, T, V]) this is each
   sequence's mean next-token negative log-likelihood, so the batch mean of
   the result is the usual per-token loss when all sequences have length T.
+  Its `per_position` attribute gives the values before that mean (labels'
+  shape), which weights per position (`fit`'s per-token `sample_weight`)
+  weigh.
 
   Args:
     labels: int tensor [B] or [B, T, ...] of class ids in [0, num_classes).
@@ -116,12 +134,12 @@ def sparse_softmax_cross_entropy(labels, logits):
     float32 tensor [B]: the loss of each example, averaged over its
     non-batch axes.
   """
-  labels = tf.convert_to_tensor(labels)
-  logits = tf.convert_to_tensor(logits)
-  _check_ranks(labels, logits)
-  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
-  return _mean_over_non_batch_axes(losses)
+  return _mean_over_non_batch_axes(
+      _sparse_softmax_cross_entropy_values(labels, logits))
+
+
+sparse_softmax_cross_entropy.per_position = (
+    _sparse_softmax_cross_entropy_values)
 
 
 def sparse_accuracy(labels, logits):
