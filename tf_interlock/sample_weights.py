@@ -52,13 +52,16 @@ def check_arrays(sample_weight, y):
 
 def _fitted(weights, values):
   """`weights` shaped to multiply `values`, the loss's unreduced values
-  (Keras's rule: a trailing axis of size 1 squeezed, then equal axes)."""
+  (Keras's rule: a trailing axis of size 1 squeezed, then equal axes or
+  axes of size 1, which broadcast: (batch, 1) weighs every position)."""
   if (weights.shape.rank is not None and values.shape.rank is not None and
       weights.shape.rank == values.shape.rank + 1 and weights.shape[-1] == 1):
     weights = tf.squeeze(weights, -1)
   if (weights.shape.rank is not None and values.shape.rank is not None and
-      (weights.shape.rank != values.shape.rank or
-       not weights.shape.is_compatible_with(values.shape))):
+      (weights.shape.rank != values.shape.rank or not all(
+          w in (None, 1) or v is None or w == v
+          for w, v in zip(weights.shape.as_list(),
+                          values.shape.as_list())))):
     what = ("one value per example" if values.shape.rank == 1 else
             f"one value per position, shape {_example_shape(values.shape)}")
     raise ValueError(
