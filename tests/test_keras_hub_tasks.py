@@ -148,8 +148,23 @@ def roberta_classifier():
       backbone, num_classes=3, preprocessor=None, dropout=0.0)
 
 
-@pytest.mark.parametrize("make", [llama_causal_lm, distil_bert_classifier,
-                                  roberta_classifier])
+def test_llama_causal_lm_is_refused_in_one_line_naming_its_decoder(tmp_path):
+  # keras_hub 0.32's LlamaTransformerDecoder.get_config reads
+  # self.rope_scaling_factor, which its constructor never sets: the
+  # layer has no config to rebuild it from. The task saves whole (its
+  # backbone saves its own arguments), which the split cannot use.
+  task = llama_causal_lm()
+  task.save(tmp_path / "whole.keras")
+  with pytest.raises(ValueError, match=(
+      r"from_keras rebuilds every layer from its config, and layer "
+      r"'transformer_layer_0' \(keras_hub.*LlamaTransformerDecoder\) cannot "
+      r"give one: its get_config raises AttributeError: .*rope_scaling_factor"
+      r".* Received: model=")) as info:
+    keras_split.from_keras(task, 3)
+  assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("make", [distil_bert_classifier, roberta_classifier])
 def test_task_splits_trains_with_its_default_loss_and_reloads(make, tmp_path):
   task = make()
   if isinstance(task, keras_hub.models.CausalLM):

@@ -376,9 +376,10 @@ class InterlockModel(keras.Model):
     every step needs a full batch) or a `tf.data.Dataset` of
     `(features, labels)` with fixed-size batches (`drop_remainder=True`).
     An infinite dataset needs `steps_per_epoch`. `sample_weight` (one
-    weight per example, with arrays; or a dataset of `(features, labels,
-    weights)`) weights every module's per-example losses as Keras does:
-    L_k = sum(w * loss_k) / batch size; metrics stay unweighted, as Keras's
+    weight per example or per label position, e.g. a padding mask, with
+    arrays; or a dataset of `(features, labels, weights)`) weights every
+    module's losses as Keras does: L_k = sum(w * loss_k) / number of loss
+    values (`sample_weights`); metrics stay unweighted, as Keras's
     `metrics=`. `class_weight` raises (pass the class's weight per example
     as `sample_weight`). Other arguments are Keras's.
 

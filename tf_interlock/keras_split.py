@@ -189,6 +189,39 @@ def _checked_graph(model):
   return graph
 
 
+def _raise_if_a_config_fails(model, error):
+  """Raises one line naming the first layer of `model` whose `get_config`
+  fails (the cause of `error`, which the split hit rebuilding the graph).
+
+  Every piece is re-created from its layers' configs, as
+  `keras.models.clone_model` of the inlined graph would: a layer whose
+  class cannot give its config (e.g. keras_hub 0.32's
+  `LlamaTransformerDecoder`, whose `get_config` reads an attribute its
+  constructor never sets) cannot be split, though the model it sits in may
+  save whole (a keras_hub backbone saves its own constructor's arguments,
+  not its layers' configs).
+  """
+  def in_order(outer):
+    # Depth order, nested models looked into, as the split inlines them.
+    for layer in outer.layers:
+      if isinstance(layer, keras.Model):
+        yield from in_order(layer)
+      else:
+        yield layer
+
+  for layer in in_order(model):
+    try:
+      layer.get_config()
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(
+          f"from_keras rebuilds every layer from its config, and layer "
+          f"{layer.name!r} ({type(layer).__module__}."
+          f"{type(layer).__name__}) cannot give one: its get_config raises "
+          f"{type(e).__name__}: {str(e).strip().splitlines()[0]} (a bug of "
+          f"that class: get_config must return its constructor's "
+          f"arguments). Received: model={model.name!r}") from error
+
+
 def _graph(model):
   """The functional graph of a model whose layers are each called once
   (`keras_flatten.flatten` makes it so).
@@ -499,7 +532,11 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   # go inside them (the transfer-learning idiom), and a layer called twice
   # (tied weights) becomes a copy per call, recorded in `ties`
   # (keras_flatten).
-  model, ties = keras_flatten.flatten(model, _layer_classes(model))
+  try:
+    model, ties = keras_flatten.flatten(model, _layer_classes(model))
+  except Exception as e:  # pylint: disable=broad-except
+    _raise_if_a_config_fails(model, e)
+    raise
   graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
