@@ -73,6 +73,13 @@ def _fitted(weights, values):
   return tf.cast(weights, values.dtype)
 
 
+def _shapes(nest):
+  """A tensor's shape as `_example_shape` writes it; a nest's, each."""
+  shapes = [_example_shape(getattr(t, "shape", ()))
+            for t in tf.nest.flatten(nest)]
+  return shapes[0] if len(shapes) == 1 else "[" + ", ".join(shapes) + "]"
+
+
 def _checked_call(loss_fn, labels, logits, loss_name):
   """`loss_fn(labels, logits)`, a shape mismatch told in one line."""
   try:
@@ -82,12 +89,10 @@ def _checked_call(loss_fn, labels, logits, loss_name):
       raise
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     raise ValueError(
-        f"The loss cannot take labels of shape "
-        f"{_example_shape(labels.shape)} with outputs of shape "
-        f"{_example_shape(logits.shape)} ({first}); pass a loss that "
+        f"The loss cannot take labels of shape {_shapes(labels)} with "
+        f"outputs of shape {_shapes(logits)} ({first}); pass a loss that "
         f"matches the model's outputs, or labels of the shape it needs. "
-        f"Received: loss={loss_name}, y.shape="
-        f"{_example_shape(labels.shape)}") from e
+        f"Received: loss={loss_name}, y.shape={_shapes(labels)}") from e
 
 
 def loss_name(loss):
@@ -116,11 +121,8 @@ def weighted(loss_fn, loss=None):
 
   def loss_with_weights(labels, logits):
     if not isinstance(labels, tuple):
-      return _checked_call(loss_fn, tf.convert_to_tensor(labels),
-                           tf.convert_to_tensor(logits), name)
+      return _checked_call(loss_fn, labels, logits, name)
     y, sample_weight = labels
-    y = tf.convert_to_tensor(y)
-    logits = tf.convert_to_tensor(logits)
     sample_weight = tf.convert_to_tensor(sample_weight)
     per_position = (sample_weight.shape.rank is None or
                     sample_weight.shape.rank > 1)
