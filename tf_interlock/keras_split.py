@@ -521,7 +521,14 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     weights, copied into the new layers when the module is first built.
     A layer called in several modules (tied weights, e.g. keras_hub's
     CausalLM heads) is a copy in each, listed in `body.tied_layers`; the
-    trainer keeps the copies one weight (`tied_gradients`).
+    trainer keeps the copies one weight (`tied_gradients`). For a keras_hub
+    task model, the last module's `body.default_loss` is the loss the
+    task's own `compile` picks when given none (`task_defaults`), which
+    `InterlockModel.compile` uses when its `loss` is None.
+
+  Raises:
+    ValueError: in one line, e.g. naming a layer whose `get_config` fails
+      (every piece is rebuilt from its layers' configs).
   """
   fit_arguments.check_from_keras(model, num_modules)
   _checked_graph(model)
