@@ -1,8 +1,9 @@
 """The pieces `InterlockModel` plugs into Keras's compile/fit/evaluate.
 
-* `weighted` and `unweighted` turn `fit`'s sample weights (and
-  `keras_metrics`'s per-example metrics) into what `InterlockTrainer`
-  takes; the optimizers and the per-example loss are the trainer's own
+* `unweighted` turns `keras_metrics`'s per-example metrics into what
+  `InterlockTrainer` takes (sample weights weigh the losses alone:
+  `sample_weights.weighted`); the optimizers and the per-example loss are
+  the trainer's own
   (`trainer.optimizer_factory`, `losses.per_example_loss`): each module's
   loss L_k is averaged over the *global* batch by the engine
   (`tf.nn.compute_average_loss`), so a Keras loss's own reduction is
@@ -27,8 +28,8 @@ import tensorflow as tf
 from tf_interlock import exits as exits_lib
 from tf_interlock import input_nest
 from tf_interlock import int_args
-from tf_interlock import losses
 from tf_interlock import metric_names
+from tf_interlock import sample_weights
 
 
 def compile_config(optimizer, loss, metrics, steps_per_execution):
@@ -49,30 +50,6 @@ def compile_config(optimizer, loss, metrics, steps_per_execution):
     return None
   return dict(optimizer=optimizer, loss=loss, metrics=metrics,
               steps_per_execution=steps_per_execution)
-
-
-def weighted(loss_fn):
-  """`loss_fn` that also takes labels `(y, sample_weight)`: w * loss(y).
-
-  `fit` passes sample weights along with the labels. The engine averages
-  the weighted per-example losses over the global batch, which is Keras's
-  default reduction: sum(w * loss) / batch size. Weights per position
-  ([B, T], what keras_hub's preprocessors give to mask padding) weigh each
-  position's loss before the mean over positions, so that the loss is
-  Keras's sum(w * loss) / (B * T) and a padded position counts nowhere.
-  """
-  def loss_with_weights(labels, logits):
-    if not isinstance(labels, tuple):
-      return loss_fn(labels, logits)
-    y, sample_weight = labels
-    if sample_weight.shape.rank and sample_weight.shape.rank > 1:
-      values = loss_fn.per_position(y, logits)
-      return losses.mean_over_non_batch_axes(
-          values * tf.cast(sample_weight, values.dtype))
-    values = loss_fn(y, logits)
-    return values * tf.reshape(tf.cast(sample_weight, values.dtype),
-                               tf.shape(values))
-  return loss_with_weights
 
 
 def unweighted(metric_fn):
@@ -168,7 +145,7 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
   """Fixed-size training batches and the number of steps per epoch.
 
   Sample weights travel with the labels, as `(labels, sample_weight)`,
-  which `weighted` losses understand.
+  which `sample_weights.weighted` losses understand.
 
   Without `autotune` (`ExecutionOptions.data_autotune`), the dataset's
   tf.data autotuning is turned off (`without_autotune`) unless its options
@@ -218,6 +195,7 @@ def training_dataset(x, y, batch_size, shuffle, steps_per_epoch,
   if sample_weight is not None and len(sample_weight) != num:
     raise ValueError(f"sample_weight needs one weight per example ({num}). "
                      f"Received: len(sample_weight)={len(sample_weight)}")
+  sample_weights.check_arrays(sample_weight, y)
   if validation_split:
     if validation_data is not None or not 0 < validation_split < 1:
       raise ValueError(f"validation_split must be in (0, 1), without "

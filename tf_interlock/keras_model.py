@@ -53,7 +53,9 @@ from tf_interlock import keras_summary
 from tf_interlock import losses as losses_lib
 from tf_interlock import op_errors
 from tf_interlock import placement as placement_lib
+from tf_interlock import sample_weights
 from tf_interlock import strategy as strategy_lib
+from tf_interlock import task_defaults
 from tf_interlock import trainer as trainer_lib
 from tf_interlock.module_optimizers import ModuleOptimizers
 
@@ -262,8 +264,11 @@ class InterlockModel(keras.Model):
         aux head.
       loss: a loss name, a `keras.losses.Loss` (any reduction: its
         per-example values are used) or a callable `(y_true, y_pred) ->
-        per-example loss [batch]`; None: sparse softmax cross-entropy on
-        logits. Every module's loss L_k applies it to its own logits.
+        per-example loss [batch]`; None: the default loss of the keras_hub
+        task `from_keras` split (what its own `compile` picks, e.g.
+        `SparseCategoricalCrossentropy(from_logits=True)`;
+        `task_defaults`), else sparse softmax cross-entropy on logits.
+        Every module's loss L_k applies it to its own logits.
       metrics: None, one metric or a list, as for Keras: names ("accuracy",
         "sparse_top_k_categorical_accuracy", ...), `keras.metrics.Metric`
         objects that average per-example values (e.g.
@@ -292,9 +297,12 @@ class InterlockModel(keras.Model):
     # optimizers are cloned onto their modules' devices too.
     factory = trainer_lib.optimizer_factory(
         optimizer, self.num_modules, name="optimizer", clone=True)
-    loss_fn = keras_fit.weighted(losses_lib.per_example_loss(
+    if loss is None:
+      # A split keras_hub task trains with its own compile's default loss.
+      loss = task_defaults.default_loss(self.interlock_modules)
+    loss_fn = sample_weights.weighted(losses_lib.per_example_loss(
         losses_lib.sparse_softmax_cross_entropy if loss is None else loss,
-        name="loss"))
+        name="loss"), loss)
     metric_fn, metric_names = keras_metrics.per_example_metrics(metrics)
     metric_fn = keras_fit.unweighted(metric_fn)
     # Keras's own jit_compile stays False: training runs the trainer's
@@ -390,9 +398,10 @@ class InterlockModel(keras.Model):
     every step needs a full batch) or a `tf.data.Dataset` of
     `(features, labels)` with fixed-size batches (`drop_remainder=True`).
     An infinite dataset needs `steps_per_epoch`. `sample_weight` (one
-    weight per example, with arrays; or a dataset of `(features, labels,
-    weights)`) weights every module's per-example losses as Keras does:
-    L_k = sum(w * loss_k) / batch size; metrics stay unweighted, as Keras's
+    weight per example or per label position, e.g. a padding mask, with
+    arrays; or a dataset of `(features, labels, weights)`) weights every
+    module's losses as Keras does: L_k = sum(w * loss_k) / number of loss
+    values (`sample_weights`); metrics stay unweighted, as Keras's
     `metrics=`. `class_weight` raises (pass the class's weight per example
     as `sample_weight`). Other arguments are Keras's.
 

@@ -41,6 +41,7 @@ from tf_interlock import keras_origins
 from tf_interlock import keras_private
 from tf_interlock import keras_ties
 from tf_interlock import layer_state
+from tf_interlock import task_defaults
 from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
@@ -66,6 +67,10 @@ class KerasSegment(keras.layers.Layer):
     origins: optional {"paths": {layer name: its path of names in the
       user's model}, and in piece 1 "source": that model's serialized
       config} (`keras_origins.record`).
+    default_loss: optional serialized Keras loss: the loss the source
+      keras_hub task's `compile` picks when given none
+      (`task_defaults`), kept by the last piece so that a saved model
+      knows it too.
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
@@ -73,7 +78,7 @@ class KerasSegment(keras.layers.Layer):
 
   def __init__(self, model_config, initial_weights=None, custom_objects=None,
                tied_layers=None, trainable_flags=None, origins=None,
-               **kwargs):
+               default_loss=None, **kwargs):
     super().__init__(**kwargs)
     self._flags_json = json.dumps(trainable_flags or [])
     self._origins_json = json.dumps(origins or {})
@@ -82,6 +87,7 @@ class KerasSegment(keras.layers.Layer):
     # that serializes as {}.
     self._model_json = json.dumps(model_config)
     self._tied_json = json.dumps(tied_layers or {})
+    self._default_loss_json = json.dumps(default_loss)
     self._initial_weights = initial_weights
     # The source model's own layer classes, by class name: a user's layer
     # is rebuilt from its class, as keras.models.clone_model does, without
@@ -138,6 +144,15 @@ class KerasSegment(keras.layers.Layer):
     return json.loads(self._tied_json)
 
   @property
+  def default_loss(self):
+    """The source task's default loss, serialized (see Args), or None."""
+    return json.loads(self._default_loss_json)
+
+  @default_loss.setter
+  def default_loss(self, config):
+    self._default_loss_json = json.dumps(config)
+
+  @property
   def layer_names(self):
     """The source model's layers this piece holds, in depth order."""
     return [c["name"] for c in self.model_config["layers"]
@@ -172,6 +187,8 @@ class KerasSegment(keras.layers.Layer):
       config["trainable_flags"] = flags
     if json.loads(self._origins_json):
       config["origins"] = json.loads(self._origins_json)
+    if self.default_loss is not None:
+      config["default_loss"] = self.default_loss
     return config
 
 
@@ -208,6 +225,39 @@ def _checked_graph(model):
         f"logits). Received: {len(graph.outputs)} outputs in "
         f"model={model.name!r}")
   return graph
+
+
+def _raise_if_a_config_fails(model, error):
+  """Raises one line naming the first layer of `model` whose `get_config`
+  fails (the cause of `error`, which the split hit rebuilding the graph).
+
+  Every piece is re-created from its layers' configs, as
+  `keras.models.clone_model` of the inlined graph would: a layer whose
+  class cannot give its config (e.g. keras_hub 0.32's
+  `LlamaTransformerDecoder`, whose `get_config` reads an attribute its
+  constructor never sets) cannot be split, though the model it sits in may
+  save whole (a keras_hub backbone saves its own constructor's arguments,
+  not its layers' configs).
+  """
+  def in_order(outer):
+    # Depth order, nested models looked into, as the split inlines them.
+    for layer in outer.layers:
+      if isinstance(layer, keras.Model):
+        yield from in_order(layer)
+      else:
+        yield layer
+
+  for layer in in_order(model):
+    try:
+      layer.get_config()
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(
+          f"from_keras rebuilds every layer from its config, and layer "
+          f"{layer.name!r} ({type(layer).__module__}."
+          f"{type(layer).__name__}) cannot give one: its get_config raises "
+          f"{type(e).__name__}: {str(e).strip().splitlines()[0]} (a bug of "
+          f"that class: get_config must return its constructor's "
+          f"arguments). Received: model={model.name!r}") from error
 
 
 def _graph(model):
@@ -509,19 +559,32 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     weights, copied into the new layers when the module is first built.
     A layer called in several modules (tied weights, e.g. keras_hub's
     CausalLM heads) is a copy in each, listed in `body.tied_layers`; the
-    trainer keeps the copies one weight (`tied_gradients`).
+    trainer keeps the copies one weight (`tied_gradients`). For a keras_hub
+    task model, the last module's `body.default_loss` is the loss the
+    task's own `compile` picks when given none (`task_defaults`), which
+    `InterlockModel.compile` uses when its `loss` is None.
+
+  Raises:
+    ValueError: in one line, e.g. naming a layer whose `get_config` fails
+      (every piece is rebuilt from its layers' configs).
   """
   fit_arguments.check_from_keras(model, num_modules, num_classes)
   num_classes = int_args.as_int(num_classes)
   _checked_graph(model)
   name = name or model.name
+  # A keras_hub task's own default loss, for a compile that names none.
+  task_loss = task_defaults.compile_loss(model)
   # Nested functional and Sequential models are inlined, so that cuts may
   # go inside them (the transfer-learning idiom), and a layer called twice
   # (tied weights) becomes a copy per call, recorded in `ties`
   # (keras_flatten).
   source = model
-  model, ties, sources = keras_flatten.flatten_with_sources(
-      model, _layer_classes(model))
+  try:
+    model, ties, sources = keras_flatten.flatten_with_sources(
+        model, _layer_classes(model))
+  except Exception as e:  # pylint: disable=broad-except
+    _raise_if_a_config_fails(model, e)
+    raise
   graph, layers, nodes = _graph(model)
   if balance not in BALANCE_MODES:
     raise ValueError(f"balance must be one of {BALANCE_MODES}. "
@@ -580,6 +643,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   modules = _build_modules(graph, config, layers, crossing, cuts, aux_head,
                            num_classes, name, ties)
   keras_origins.record(modules, source, sources)
+  modules[-1].body.default_loss = task_loss
   return modules
 
 

@@ -43,6 +43,20 @@ def _mean_over_non_batch_axes(values):
 mean_over_non_batch_axes = _mean_over_non_batch_axes
 
 
+def _own_tensor(logits):
+  """`logits` as new tensors that the loss must read through.
+
+  Keras's probabilistic losses given a softmax or sigmoid output
+  (`from_logits=False`) read the logits *before* the activation instead
+  (the output's `_keras_logits`, or the Softmax op's input), for a stable
+  log. The engine differentiates each loss with respect to the module's
+  output (its cotangent), which such a loss never reads: the gradient
+  would be None. Through an identity, the loss is computed from the
+  output itself, -log(clip(p)), which has the same gradient.
+  """
+  return tf.nest.map_structure(tf.identity, logits)
+
+
 def per_example_loss(loss_fn, name="loss_fn"):
   """Turns `loss_fn` into `f(labels, logits) -> per-example loss [B]`.
 
@@ -52,7 +66,12 @@ def per_example_loss(loss_fn, name="loss_fn"):
   used instead, so any reduction the object was made with is handled alike;
   per-position losses ([B, T]) are averaged to one value per example.
   A Keras loss name is looked up first (`keras.losses.get`). A callable's
-  values are averaged the same way (a [B] result is kept as is).
+  values are averaged the same way (a [B] result is kept as is). The
+  result's `per_position` gives the values before that mean (a callable's
+  own `per_position`, if it has one: `sparse_softmax_cross_entropy`'s),
+  which per-position sample weights weigh. The loss reads the logits
+  through `_own_tensor`, so that a softmax output's loss has a gradient
+  with respect to it.
 
   Args:
     loss_fn: a `keras.losses.Loss`, a Keras loss name, or a callable
@@ -76,7 +95,7 @@ def per_example_loss(loss_fn, name="loss_fn"):
     unreduced.reduction = None
 
     def per_position(labels, logits):
-      return tf.cast(unreduced(labels, logits), tf.float32)
+      return tf.cast(unreduced(labels, _own_tensor(logits)), tf.float32)
 
     def per_example(labels, logits):
       return _mean_over_non_batch_axes(per_position(labels, logits))
@@ -90,7 +109,14 @@ def per_example_loss(loss_fn, name="loss_fn"):
         f"(labels, logits) -> per-example loss [batch]. "
         f"Received: {name}={loss_fn!r}")
 
+  # A callable that knows its unreduced values (ours below) gives them, so
+  # that weights per position weigh each position; another's are its own.
+  own = getattr(loss_fn, "per_position", None)
+
   def per_position_values(labels, logits):
+    logits = _own_tensor(logits)
+    if own is not None:
+      return tf.convert_to_tensor(own(labels, logits))
     return tf.convert_to_tensor(loss_fn(labels, logits))
 
   def per_example_values(labels, logits):
@@ -100,12 +126,24 @@ def per_example_loss(loss_fn, name="loss_fn"):
   return per_example_values
 
 
+def _sparse_softmax_cross_entropy_values(labels, logits):
+  """The cross-entropy at every position: the labels' shape, float32."""
+  labels = tf.convert_to_tensor(labels)
+  logits = tf.convert_to_tensor(logits)
+  _check_ranks(labels, logits)
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
+
+
 def sparse_softmax_cross_entropy(labels, logits):
   """Per-example softmax cross-entropy with integer labels.
 
   For a language model (labels [B, T], logits [B, T, V]) this is each
   sequence's mean next-token negative log-likelihood, so the batch mean of
   the result is the usual per-token loss when all sequences have length T.
+  Its `per_position` attribute gives the values before that mean (labels'
+  shape), which weights per position (`fit`'s per-token `sample_weight`)
+  weigh.
 
   Args:
     labels: int tensor [B] or [B, T, ...] of class ids in [0, num_classes).
@@ -116,12 +154,12 @@ def sparse_softmax_cross_entropy(labels, logits):
     float32 tensor [B]: the loss of each example, averaged over its
     non-batch axes.
   """
-  labels = tf.convert_to_tensor(labels)
-  logits = tf.convert_to_tensor(logits)
-  _check_ranks(labels, logits)
-  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
-  return _mean_over_non_batch_axes(losses)
+  return _mean_over_non_batch_axes(
+      _sparse_softmax_cross_entropy_values(labels, logits))
+
+
+sparse_softmax_cross_entropy.per_position = (
+    _sparse_softmax_cross_entropy_values)
 
 
 def sparse_accuracy(labels, logits):
