@@ -77,8 +77,8 @@ _RUN_STEPS = flags.DEFINE_integer(
     "run_steps", 150, "Training steps (>= 1) of each run, from the "
     "same initialisation and data order.")
 _SCHEDULE_STEPS = flags.DEFINE_integer(
-    "schedule_steps", 300, "Steps of the run whose learning-rate schedule "
-    "every run follows (the study's 300).")
+    "schedule_steps", 300, "Steps (>= 1) of the run whose learning-rate "
+    "schedule every run follows (the study's 300).")
 _PROBE_EVERY = flags.DEFINE_integer(
     "probe_every", 5, "Training steps (>= 1) between two probes of module "
     "1's output h_1.")

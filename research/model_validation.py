@@ -87,8 +87,8 @@ _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "Full op-cost measurements (>= 1) per network and "
     "plan; predictions use their medians.")
 _CORES = flags.DEFINE_integer(
-    "num_cores", None, "Cores of the host (default: those this process may "
-    "use).")
+    "num_cores", None, "Cores of the host (>= 1; default: those this "
+    "process may use).")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace this tool's files in --out_dir "
     "(predictions.json, measured.json, report.md).")

@@ -31,7 +31,8 @@ _PROFILE = flags.DEFINE_string(
 _SPLIT = flags.DEFINE_list(
     "split", None, "Blocks of the profile per module, e.g. 2,2,2,3.")
 _STEPS_PER_LOOP = flags.DEFINE_integer(
-    "steps_per_loop", 10, "Steps of one training call (the unrolled call).")
+    "steps_per_loop", 10, "Steps of one training call (>= 1; the unrolled "
+    "call).")
 _BLOCKS = flags.DEFINE_list(
     "blocks", ["1", "2", "5", "10"], "The block sizes U to predict, "
     "comma-separated ints >= 1.")

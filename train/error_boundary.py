@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from tf_interlock import op_errors
 from train import actions
+from train import flag_bounds
 from train import python_private
 from train import stop_watchdog
 
@@ -201,7 +202,7 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
           _fail(f"Unexpected arguments: {argv[1:]}: this binary takes no "
                 f"positional arguments, only --name=value flags (see "
                 f"--helpshort). Received: arguments={argv[1:]!r}")
-        empty = empty_list_entry()
+        empty = empty_list_entry() or flag_bounds.out_of_bounds()
         if empty:
           _fail(empty)
         return main(argv)
