@@ -30,7 +30,6 @@ from train import runtime_env  # noqa: F401  (before TensorFlow)
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from layers import aux_heads  # noqa: E402
 from layers import resnet  # noqa: E402

@@ -39,6 +39,7 @@ from absl import flags  # noqa: E402
 
 from train import error_boundary  # noqa: E402
 from train import owned_dir  # noqa: E402
+from train import user_files  # noqa: E402
 
 _ROLE = flags.DEFINE_enum("role", "parent", ["parent", "profile", "cluster",
                                              "simulated"],
@@ -331,20 +332,19 @@ def parent():
   _check_out_dir(out)
   prof = _run_child("profile")[0]
   profile_path = os.path.abspath(os.path.join(out, "profile.json"))
-  with open(profile_path, "w") as f:
-    json.dump(prof, f, indent=2)
+  user_files.write_output(profile_path, json.dumps(prof, indent=2),
+                          "--out_dir")
   rows = _cluster_rows(_K.value, profile_path)
   pred = owned_dir.load_json(os.path.join(out, "predictions.json"),
                              received=f"out_dir={out!r}")
   rows += _run_child("simulated")
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump({"model": _MODEL.value, "num_workers": _K.value,
-               "steps": _STEPS.value, "steps_per_loop": _LOOP.value,
-               "cpu_count": os.cpu_count(), "rows": rows}, f, indent=2)
+  user_files.write_output(os.path.join(out, "results.json"), json.dumps(
+      {"model": _MODEL.value, "num_workers": _K.value,
+       "steps": _STEPS.value, "steps_per_loop": _LOOP.value,
+       "cpu_count": os.cpu_count(), "rows": rows}, indent=2), "--out_dir")
   text = report(rows, pred["ms_per_step"], pred["link"], prof,
                 pred["contention"])
-  with open(os.path.join(out, "report.md"), "w") as f:
-    f.write(text)
+  user_files.write_output(os.path.join(out, "report.md"), text, "--out_dir")
   print(text)
 
 

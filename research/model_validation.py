@@ -49,7 +49,7 @@ from research import benchmark_lib
 from train import config as config_lib
 from train import error_boundary
 from train import owned_dir
-from train import paths
+from train import user_files
 from research import validation_report
 
 # name -> (K, devices, intra-op threads per device).
@@ -256,7 +256,8 @@ def predict_cells(profile, plan, strategies, by_batch=None):
 
 
 def _write(name, payload):
-  paths.write_atomic(os.path.join(_OUT_DIR.value, name), payload)
+  user_files.write_output(os.path.join(_OUT_DIR.value, name), payload,
+                          "--out_dir")
 
 
 def _header():
