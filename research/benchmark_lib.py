@@ -28,7 +28,6 @@ from train import config as config_lib
 from train import datasets
 from train import networks
 from train import optimization
-from train import owned_dir
 from train import user_files
 
 NUM_CLASSES = 10
@@ -334,7 +333,7 @@ def read_contention(path):
   Raises:
     ValueError: one line, for a report without it (an older probe's).
   """
-  report = owned_dir.load_json(path, received=f"contention_from={path!r}")
+  report = user_files.read_json(path, "--contention_from")
   try:
     found = {int(batch): float(row["contention"])
              for batch, row in report["batches"].items()}

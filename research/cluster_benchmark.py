@@ -178,8 +178,7 @@ def child(role):
   else:
     spec = cluster_lib.cluster_spec(_CLUSTER.value)
     devices = cluster_lib.connect(spec, timeout_s=120)
-    prof = owned_dir.load_json(_PROFILE.value,
-                               received=f"profile={_PROFILE.value!r}")
+    prof = user_files.read_json(_PROFILE.value, "--profile")
     link = transfer.probe_crossing(devices[0], devices[1],
                                    prof["boundary_shapes"][0])
     predicted = predictions(prof, link)

@@ -24,7 +24,7 @@ from absl import flags
 from research import benchmark_lib
 from step_model import schedule
 from train import error_boundary
-from train import owned_dir
+from train import user_files
 
 _PROFILE = flags.DEFINE_string(
     "profile", None, "A research.benchmark --role=profile JSON report.")
@@ -71,8 +71,8 @@ def predict(costs, strategies, steps_per_loop, blocks):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  report = owned_dir.load_json(_PROFILE.value, {"module_costs_ms": list},
-                               received=f"profile={_PROFILE.value!r}")
+  report = user_files.read_json(_PROFILE.value, "--profile",
+                                {"module_costs_ms": list})
   blocks = benchmark_lib.costs_from_ms(report["module_costs_ms"])
   split = [int(v) for v in _SPLIT.value if v.isdigit()]
   if (len(split) != len(_SPLIT.value) or not all(split) or
