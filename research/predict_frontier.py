@@ -119,14 +119,23 @@ def measure_inputs(num_modules, microbatches):
           "plan": f"{num_modules} logical CPUs x 1 thread"}
 
 
-def predict(inputs, cells, error):
-  """One K's result: every cell predicted from `inputs` (`measure_inputs`),
-  the frontier, each interlocking cell against the pipelines."""
+def _parsed(inputs):
+  """(costs, microbatch costs, footprints) of `inputs` (`measure_inputs`'
+  JSON)."""
   costs = benchmark_lib.costs_from_ms(inputs["module_costs_ms"])
   micro = {int(m): benchmark_lib.costs_from_ms(c)
            for m, c in inputs["microbatch_costs_ms"].items()}
   footprints = {int(m): frontier_lib.footprints_from_json(f)
                 for m, f in inputs["footprints_bytes"].items()}
+  if not isinstance(inputs["staged_bytes"], (int, float)):
+    raise TypeError(f"staged_bytes is {inputs['staged_bytes']!r}")
+  return costs, micro, footprints
+
+
+def predict(inputs, cells, error):
+  """One K's result: every cell predicted from `inputs` (`measure_inputs`),
+  the frontier, each interlocking cell against the pipelines."""
+  costs, micro, footprints = _parsed(inputs)
   rows = {name: frontier_lib.predict_cell(name, costs, micro, footprints,
                                           inputs["staged_bytes"])
           for name in cells}
@@ -145,9 +154,7 @@ def _error(report_path, inputs):
   inputs of its K, with the report's plan named."""
   report = user_files.read_json(report_path, "--measured",
                                 {"strategies": dict})
-  costs = benchmark_lib.costs_from_ms(inputs["module_costs_ms"])
-  micro = {int(m): benchmark_lib.costs_from_ms(c)
-           for m, c in inputs["microbatch_costs_ms"].items()}
+  costs, micro, _ = _parsed(inputs)
   error = frontier_lib.measured_error(report, costs, micro)
   error["plan"] = (f"{report['num_modules']} simulated devices x 1 thread "
                    f"on {report['num_cores']} cores")
@@ -172,12 +179,19 @@ def outputs(prefix, ks):
 def main_run(ks, microbatches):
   """Measures (or reuses) every K's inputs, predicts, writes and draws."""
   prefix = _OUT_PREFIX.value
+  # Read before minutes of measuring: a bad --measured is named at once.
+  report_k = user_files.read_json(_MEASURED.value, "--measured",
+                                  {"num_modules": int})["num_modules"]
   inputs = {}
   for k in ks:
     path = f"{prefix}_k{k}.json"
     if _REUSE.value:
       inputs[k] = user_files.read_json(path, "--out_prefix",
                                        {"inputs": dict})["inputs"]
+      try:  # stored inputs of another shape: named now, not as --measured
+        _parsed(inputs[k])
+      except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(_shape_error("out_prefix", path, e)) from None
     else:
       inputs[k] = benchmark_lib.run_child(
           ["--role=measure", f"--num_modules={k}",
@@ -187,8 +201,6 @@ def main_run(ks, microbatches):
            f"--repeats={_REPEATS.value}",
            f"--repetitions={_REPETITIONS.value}"],
           module="research.predict_frontier")
-  report_k = user_files.read_json(_MEASURED.value, "--measured",
-                                  {"num_modules": int})["num_modules"]
   try:
     error = _error(_MEASURED.value, inputs[report_k]) if (
         report_k in inputs) else {

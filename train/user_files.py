@@ -85,8 +85,8 @@ def check_output(path, flag):
     return
   try:
     mode = os.lstat(path).st_mode
-  except FileNotFoundError:
-    mode = None
+  except (FileNotFoundError, NotADirectoryError):
+    mode = None  # the folder's check below says which
   except OSError as e:
     raise ValueError(f"{flag}={path} cannot be looked at ({e.strerror}); "
                      f"give a file path in a folder you may write. "
