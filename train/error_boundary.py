@@ -7,7 +7,10 @@
   if __name__ == "__main__":
     app.run(main)
 
-Every binary's `main` is decorated with `guard`. A fault the user can
+Every binary's `main` is decorated with `guard`. Before `main` runs, it
+refuses a stray positional argument, a list flag with an empty entry and
+a numeric flag outside the bounds its help states (`train.flag_bounds`).
+A fault the user can
 act on (a bad value, a missing or unwritable file, a full disk, a TF I/O
 error, a stopped run, Ctrl-C or SIGTERM) becomes `error: <one line>` on
 stderr and exit status 1, never a traceback. Anything else is a bug and
