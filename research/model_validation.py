@@ -158,7 +158,8 @@ def validate():
         try:
           contention(network, folder, threads)
         except (OSError, ValueError) as e:
-          config_lib.fail("contention_from", folder, str(e))
+          config_lib.fail("contention_from", folder,
+                          str(e).split(" Received:")[0].rstrip("."))
   present = [f for f in FILES if os.path.exists(
       os.path.join(_OUT_DIR.value, f))]
   if present and not _OVERWRITE.value:

@@ -118,7 +118,10 @@ def main(argv):
   except ValueError as e:  # one line, as error_boundary would print it
     sys.exit(f"error: {e}")
   png = draw(summaries)
-  user_files.write_output(_PNG_OUT.value, png, "--png_out")
+  try:
+    user_files.write_output(_PNG_OUT.value, png, "--png_out")
+  except ValueError as e:  # the path changed while drawing
+    sys.exit(f"error: {e}")
   print(f"wrote {_PNG_OUT.value} ({len(png)} bytes) from "
         f"{', '.join(_STUDIES.value)}")
 
