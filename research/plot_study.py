@@ -107,6 +107,13 @@ def draw(summaries):
   return buffer.getvalue()
 
 
+def _refuse(e):
+  """Leaves with the one line of `e` on stderr, status 1 (as
+  error_boundary would: this binary runs without it)."""
+  print(f"error: {e}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
 def main(argv):
   if len(argv) > 1:  # one line, not absl's usage text
     sys.exit(f"error: Unexpected arguments: {argv[1:]}: this binary takes "
@@ -116,12 +123,12 @@ def main(argv):
     user_files.check_output(_PNG_OUT.value, "--png_out")
     summaries = [load_study(folder) for folder in _STUDIES.value]
   except ValueError as e:  # one line, as error_boundary would print it
-    sys.exit(f"error: {e}")
+    _refuse(e)
   png = draw(summaries)
   try:
     user_files.write_output(_PNG_OUT.value, png, "--png_out")
   except ValueError as e:  # the path changed while drawing
-    sys.exit(f"error: {e}")
+    _refuse(e)
   print(f"wrote {_PNG_OUT.value} ({len(png)} bytes) from "
         f"{', '.join(_STUDIES.value)}")
 

@@ -166,6 +166,12 @@ def sweep(tmp_path_factory):
           "research.predict_frontier",
           [*reuse[:3], f"--measured={shapes['nested'][0]}",
            f"--out_prefix={root}/bad"], ["--measured", "nested"], []),
+      "plot_study --png_out link": (
+          "research.plot_study", [f"--png_out={link}"],
+          ["--png_out", "is a symbolic link"], []),
+      "plot_study --png_out folder": (
+          "research.plot_study", [f"--png_out={folder}"],
+          ["--png_out", "is a directory"], []),
       "benchmark --json_out link": (
           "research.benchmark", [f"--json_out={link}"],
           ["--json_out", "is a symbolic link"], []),
@@ -200,7 +206,8 @@ def sweep(tmp_path_factory):
 def test_the_sweep_covers_every_research_tool_with_bounded_flags(sweep):
   found, _, _ = sweep
   tools = {case.split()[0] for case in found}
-  assert {"plot_frontier", "timeline", "predict_frontier", "benchmark",
+  assert {"plot_frontier", "timeline", "predict_frontier", "plot_study",
+          "benchmark",
           "compare", "concurrency_probe", "device_check"} <= tools
   assert len(found) > 60
 

@@ -3,11 +3,13 @@ and the one reader of the files a research tool's flags name, and the
 bounds a numeric flag's help states (issue 46). The binaries' own lines
 are tests/test_research_files.py's."""
 
+import json
 import os
 
 from absl import flags as absl_flags
 import pytest
 
+from tests.binaries import ROOT
 from tests.research_flags import research_numeric_flags
 from train import flag_bounds
 from train import owned_dir
@@ -183,3 +185,22 @@ def test_every_numeric_research_flag_states_its_bound():
              UNBOUNDED]
   assert missing == []
   assert set(UNBOUNDED) <= {(tool, flag) for tool, flag, _ in flags_found}
+
+
+def test_compares_report_is_not_written_through_a_planted_link(
+    tmp_path, outside):
+  # research.compare's report.md (and PNGs) go through the same writer: a
+  # link planted in its folder is refused, its target kept.
+  from research import study_report  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, "docs", "results", "study_fashion_mnist",
+                         "results.json")) as f:
+    summary = json.load(f)
+  folder = tmp_path / "study"
+  folder.mkdir()
+  (folder / study_report.REPORT).symlink_to(outside)
+  _refused(lambda: study_report.write_outputs(summary, str(folder), False,
+                                              "--report_dir"),
+           "--report_dir=", "is a symbolic link")
+  assert outside.read_bytes() == b"the user's notes\n"
+  study_report.write_outputs(summary, str(tmp_path), False)
+  assert (tmp_path / study_report.REPORT).read_text().startswith("#")
