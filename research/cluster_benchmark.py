@@ -184,11 +184,10 @@ def child(role):
     predicted = predictions(prof, link)
     # Written before the first timed cell: the prediction cannot peek.
     path = os.path.join(os.path.dirname(_PROFILE.value), "predictions.json")
-    with open(path, "w") as f:
-      json.dump({"link": link, "num_cores": _cores(k),
-                 "contention": _contention(),
-                 "contention_from": _CONTENTION_FROM.value,
-                 "ms_per_step": predicted}, f, indent=2)
+    user_files.write_output(path, json.dumps(
+        {"link": link, "num_cores": _cores(k), "contention": _contention(),
+         "contention_from": _CONTENTION_FROM.value,
+         "ms_per_step": predicted}, indent=2), "--out_dir")
   for name in _STRATEGIES.value:
     stats = {}
     benchmark_lib.run_strategy(_spec(), name,
@@ -264,7 +263,7 @@ def _check_out_dir(out):
           f"{out} holds {clash[0]}, not written by research.cluster_benchmark; "
           f"pick another --out_dir. Received: out_dir={out}")
   os.makedirs(out, exist_ok=True)
-  open(os.path.join(out, _MARKER), "w").close()
+  user_files.write_output(os.path.join(out, _MARKER), "", "--out_dir")
 
 
 def report(rows, predicted, link, prof, contention=1.0):
