@@ -30,7 +30,6 @@ from train import runtime_env  # noqa: F401  (before TensorFlow)
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from layers import aux_heads  # noqa: E402
 from layers import resnet  # noqa: E402
@@ -44,6 +43,7 @@ from train import error_boundary  # noqa: E402
 from train import config as config_lib  # noqa: E402
 from train import placement_runtime  # noqa: E402
 from train import run_dir  # noqa: E402
+from train import user_files  # noqa: E402
 
 _MODEL = flags.DEFINE_string(
     "model", "mlp", "Network: mlp, resnet or lm (the fortunes Transformer "
@@ -63,8 +63,8 @@ _PLACEMENT = flags.DEFINE_string(
     "placement", "simulated", "Where modules run: single (one device), "
     "simulated (logical CPU devices, a threading plan each) or gpu.")
 _BATCH = flags.DEFINE_integer(
-    "batch_size", 512, "Global batch per step, in examples (lm: "
-    "sequences); divisible by the M of every e2e-mM cell.")
+    "batch_size", 512, "Global batch per step (>= 1), in examples "
+    "(lm: sequences); divisible by the M of every e2e-mM cell.")
 _STEPS = flags.DEFINE_integer(
     "steps", 5, "Timed calls (>= 1) per strategy after 2 warm-up calls; "
     "their median is reported.")
@@ -88,27 +88,27 @@ _RESNET_AUX = flags.DEFINE_string(
     f"1..K-1, one of: {aux_heads.describe()}.")
 _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "role=profile: how often every op cost is measured "
-    "(its median and range are reported).")
+    "(>= 1; its median and range are reported).")
 _MICROBATCHES = flags.DEFINE_list(
     "microbatches", [], "role=profile: also measure the op costs of one "
     "microbatch, batch / M, for each M listed (each must divide the batch):"
     " small ops run less efficiently than 1/M of the full batch's.")
 _BALANCE_INTO = flags.DEFINE_integer(
     "balance_into", None, "role=profile, with one block per module: also "
-    "split the network into this many modules by the measured time "
+    "split the network into this many modules (>= 1) by the measured time "
     "(`profiling.balance_blocks`).")
 _COSTS = flags.DEFINE_bool(
     "costs", True, "role=worker: also measure op costs in this process, "
     "after the first timed strategy, for the in-process prediction.")
 _CORES = flags.DEFINE_integer(
-    "num_cores", None, "Cores of the host for the schedule model and the "
-    "threading plan (default: the cores this process may use).")
+    "num_cores", None, "Cores of the host (>= 1) for the schedule model "
+    "and the threading plan (default: the cores this process may use).")
 _THREADS = flags.DEFINE_integer(
     "threads_per_device", None, "Intra-op threads per simulated device "
-    "(default: chosen by the schedule model per strategy).")
+    "(>= 1; default: chosen by the schedule model per strategy).")
 _MODULES_PER_DEVICE = flags.DEFINE_integer(
-    "modules_per_device", None, "Modules per simulated device; must divide "
-    "K (default: chosen by the schedule model per strategy).")
+    "modules_per_device", None, "Modules per simulated device (>= 1); must "
+    "divide K (default: chosen by the schedule model per strategy).")
 _EFFICIENCY = flags.DEFINE_float(
     "thread_efficiency", threading_plan.DEFAULT_THREAD_EFFICIENCY,
     "Speedup of an op on t threads is 1 + (t - 1) * this (in [0, 1]).")
@@ -390,8 +390,8 @@ def main(argv):
   else:
     print(benchmark_lib.format_table(report))
   if _JSON_OUT.value and _ROLE.value == "main":
-    with tf.io.gfile.GFile(_JSON_OUT.value, "w") as f:
-      f.write(json.dumps(report, indent=1) + "\n")
+    user_files.write_output(_JSON_OUT.value,
+                            json.dumps(report, indent=1) + "\n", "--json_out")
 
 
 if __name__ == "__main__":

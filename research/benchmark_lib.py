@@ -28,7 +28,7 @@ from train import config as config_lib
 from train import datasets
 from train import networks
 from train import optimization
-from train import owned_dir
+from train import user_files
 
 NUM_CLASSES = 10
 # "e2e-m4": a strategy trained with 4 microbatches per step (GPipe-style).
@@ -333,7 +333,7 @@ def read_contention(path):
   Raises:
     ValueError: one line, for a report without it (an older probe's).
   """
-  report = owned_dir.load_json(path, received=f"contention_from={path!r}")
+  report = user_files.read_json(path, "--contention_from")
   try:
     found = {int(batch): float(row["contention"])
              for batch, row in report["batches"].items()}
@@ -550,20 +550,10 @@ def format_table(report):
 
 def check_json_out(path, flag="json_out"):
   """A report path (--json_out, --out) must be writable at the end: refused
-  now (a folder, a path under a file, a missing folder), not after the
-  whole run; an existing file is named, since the run replaces it."""
-  parent = os.path.dirname(path) or "."
-  if tf.io.gfile.isdir(path):
-    raise ValueError(f"--{flag}={path} is a directory; give a file path "
-                     f"(e.g. {os.path.join(path, 'benchmark.json')}). "
-                     f"Received: {flag}={path!r}")
-  if not tf.io.gfile.isdir(parent):
-    raise ValueError(f"--{flag}'s folder {parent} does not exist (or is "
-                     f"a file); create it first. Received: {flag}={path!r}")
-  if os.path.exists(path) and not os.path.isfile(path):
-    raise ValueError(f"--{flag}={path} is not a regular file (a FIFO or a "
-                     f"device would block or take the report); give a file "
-                     f"path. Received: {flag}={path!r}")
+  now (`user_files.check_output`: a folder, a link, a FIFO, a missing
+  folder), not after the whole run; an existing file is named, since the
+  run replaces it."""
+  user_files.check_output(path, f"--{flag}")
   if tf.io.gfile.exists(path):
     print(f"warning: --{flag}={path} exists; this run replaces it at the "
           f"end", file=sys.stderr, flush=True)

@@ -39,6 +39,7 @@ from absl import flags  # noqa: E402
 
 from train import error_boundary  # noqa: E402
 from train import owned_dir  # noqa: E402
+from train import user_files  # noqa: E402
 
 _ROLE = flags.DEFINE_enum("role", "parent", ["parent", "profile", "cluster",
                                              "simulated"],
@@ -177,18 +178,16 @@ def child(role):
   else:
     spec = cluster_lib.cluster_spec(_CLUSTER.value)
     devices = cluster_lib.connect(spec, timeout_s=120)
-    prof = owned_dir.load_json(_PROFILE.value,
-                               received=f"profile={_PROFILE.value!r}")
+    prof = user_files.read_json(_PROFILE.value, "--profile")
     link = transfer.probe_crossing(devices[0], devices[1],
                                    prof["boundary_shapes"][0])
     predicted = predictions(prof, link)
     # Written before the first timed cell: the prediction cannot peek.
     path = os.path.join(os.path.dirname(_PROFILE.value), "predictions.json")
-    with open(path, "w") as f:
-      json.dump({"link": link, "num_cores": _cores(k),
-                 "contention": _contention(),
-                 "contention_from": _CONTENTION_FROM.value,
-                 "ms_per_step": predicted}, f, indent=2)
+    user_files.write_output(path, json.dumps(
+        {"link": link, "num_cores": _cores(k), "contention": _contention(),
+         "contention_from": _CONTENTION_FROM.value,
+         "ms_per_step": predicted}, indent=2), "--out_dir")
   for name in _STRATEGIES.value:
     stats = {}
     benchmark_lib.run_strategy(_spec(), name,
@@ -264,7 +263,7 @@ def _check_out_dir(out):
           f"{out} holds {clash[0]}, not written by research.cluster_benchmark; "
           f"pick another --out_dir. Received: out_dir={out}")
   os.makedirs(out, exist_ok=True)
-  open(os.path.join(out, _MARKER), "w").close()
+  user_files.write_output(os.path.join(out, _MARKER), "", "--out_dir")
 
 
 def report(rows, predicted, link, prof, contention=1.0):
@@ -331,20 +330,19 @@ def parent():
   _check_out_dir(out)
   prof = _run_child("profile")[0]
   profile_path = os.path.abspath(os.path.join(out, "profile.json"))
-  with open(profile_path, "w") as f:
-    json.dump(prof, f, indent=2)
+  user_files.write_output(profile_path, json.dumps(prof, indent=2),
+                          "--out_dir")
   rows = _cluster_rows(_K.value, profile_path)
   pred = owned_dir.load_json(os.path.join(out, "predictions.json"),
                              received=f"out_dir={out!r}")
   rows += _run_child("simulated")
-  with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump({"model": _MODEL.value, "num_workers": _K.value,
-               "steps": _STEPS.value, "steps_per_loop": _LOOP.value,
-               "cpu_count": os.cpu_count(), "rows": rows}, f, indent=2)
+  user_files.write_output(os.path.join(out, "results.json"), json.dumps(
+      {"model": _MODEL.value, "num_workers": _K.value,
+       "steps": _STEPS.value, "steps_per_loop": _LOOP.value,
+       "cpu_count": os.cpu_count(), "rows": rows}, indent=2), "--out_dir")
   text = report(rows, pred["ms_per_step"], pred["link"], prof,
                 pred["contention"])
-  with open(os.path.join(out, "report.md"), "w") as f:
-    f.write(text)
+  user_files.write_output(os.path.join(out, "report.md"), text, "--out_dir")
   print(text)
 
 

@@ -56,8 +56,8 @@ from train import error_boundary
 from train import networks
 from train import optimization
 from train import owned_dir
-from train import paths
 from train import runtime_setup
+from train import user_files
 
 ABLATIONS = ("none", "block_norms_off", "head_norm_off", "norms_off",
              "unigram_bias")
@@ -77,8 +77,8 @@ _RUN_STEPS = flags.DEFINE_integer(
     "run_steps", 150, "Training steps (>= 1) of each run, from the "
     "same initialisation and data order.")
 _SCHEDULE_STEPS = flags.DEFINE_integer(
-    "schedule_steps", 300, "Steps of the run whose learning-rate schedule "
-    "every run follows (the study's 300).")
+    "schedule_steps", 300, "Steps (>= 1) of the run whose learning-rate "
+    "schedule every run follows (the study's 300).")
 _PROBE_EVERY = flags.DEFINE_integer(
     "probe_every", 5, "Training steps (>= 1) between two probes of module "
     "1's output h_1.")
@@ -378,7 +378,7 @@ def write_outputs(report_dir, results):
   tf.io.gfile.makedirs(report_dir)
   path = os.path.join(report_dir, "results.json")
   merged.update(results)
-  paths.write_atomic(path, json.dumps(merged, indent=1))
+  user_files.write_output(path, json.dumps(merged, indent=1), "--report_dir")
   lines = [_TABLES_HEADER, "",
            "own: the cotangent that trains module 1 under the run's "
            "strategy. Probe: one fixed validation batch.", ""]
@@ -386,8 +386,8 @@ def write_outputs(report_dir, results):
     lines += [f"## {name}", "", f"`{run['command']}`", ""]
     lines += run_table(run["records"], run["probe_every"]) + [""]
     lines += weight_table(run["records"]) + [""]
-  with tf.io.gfile.GFile(os.path.join(report_dir, "tables.md"), "w") as f:
-    f.write("\n".join(lines))
+  user_files.write_output(os.path.join(report_dir, "tables.md"),
+                          "\n".join(lines), "--report_dir")
 
 
 @error_boundary.guard()

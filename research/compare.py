@@ -54,8 +54,8 @@ _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "local", "2wise", "3wise"], "Strategies to train, "
     "comma-separated (e2e, local, Nwise, Nwise-sum), each with its own "
     "variant.")
-_SEEDS = flags.DEFINE_integer("seeds", 1, "Runs per strategy (seed = --seed "
-                              "+ i).")
+_SEEDS = flags.DEFINE_integer("seeds", 1, "Runs per strategy (>= 1; seed = "
+                              "--seed + i).")
 _EVAL_POINTS = flags.DEFINE_integer(
     "eval_points", 10, "Evaluations per run (>= 2), evenly spaced in "
     "steps; the curves and time-to-target use them.")
@@ -63,7 +63,8 @@ _TARGET = flags.DEFINE_float(
     "target", None, "Eval metric (accuracy or perplexity) whose time to "
     "reach is reported; default: e2e's mean final metric.")
 _JOBS = flags.DEFINE_integer(
-    "jobs", 1, "Runs at a time; > 1 overlaps them (the report says so).")
+    "jobs", 1, "Runs at a time (>= 1); more than 1 overlaps them (the "
+    "report says so).")
 _PLOTS = flags.DEFINE_bool(
     "plots", True, "Draw the report's PNG plots with matplotlib (false: "
     "report and results only).")

@@ -46,7 +46,7 @@ from step_model import schedule
 from step_model import threading_plan
 from train import config as config_lib
 from train import error_boundary
-from train import paths
+from train import user_files
 
 _DEVICES = flags.DEFINE_integer(
     "devices", 2, "Logical CPU devices of the process (>= 2).")
@@ -221,6 +221,8 @@ def validate():
 @error_boundary.guard()
 def main(argv):
   validate()
+  if _OUT.value:  # before minutes of timing
+    user_files.check_output(_OUT.value, "--out")
   devices = placement.configure_simulated_devices(
       _DEVICES.value, intra_op_threads=_INTRA.value)
   rows = {}
@@ -252,7 +254,8 @@ def main(argv):
             "network": _NETWORK.value, "op": _OP.value, "width": _WIDTH.value, "layers": _LAYERS.value,
             "repeats": _REPEATS.value, "batches": rows}
   if _OUT.value:
-    paths.write_atomic(_OUT.value, json.dumps(report, indent=1) + "\n")
+    user_files.write_output(_OUT.value, json.dumps(report, indent=1) + "\n",
+                            "--out")
   print("batch | alone ms | two devices ms (ratio) | one device ms (ratio) "
         "| contention")
   for batch, row in rows.items():

@@ -36,6 +36,7 @@ import tensorflow as tf
 from train import config as config_lib
 from train import error_boundary
 from train import placement_runtime
+from train import user_files
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", "runs/device_check", "Folder device_check.json and "
@@ -193,11 +194,11 @@ def device_check(out_dir, time_limit_s, strategies):
   if error:
     result["error"] = error
   tf.io.gfile.makedirs(out_dir)
-  with tf.io.gfile.GFile(os.path.join(out_dir, "device_check.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  user_files.write_output(os.path.join(out_dir, "device_check.json"),
+                          json.dumps(result, indent=2), "--out_dir")
   text = table(result)
-  with tf.io.gfile.GFile(os.path.join(out_dir, "device_check.md"), "w") as f:
-    f.write(text)
+  user_files.write_output(os.path.join(out_dir, "device_check.md"), text,
+                          "--out_dir")
   print(text)
   if error:
     raise RuntimeError(error)

@@ -8,6 +8,7 @@ total). `research.predict_frontier` measures the inputs and draws them.
 """
 
 import dataclasses
+import io
 
 from research import benchmark_lib
 from step_model import memory
@@ -167,9 +168,9 @@ def _label(names):
   return ", ".join(names)
 
 
-def plot(result, out):
-  """Draws `result` (`research.predict_frontier`'s JSON for one K) into
-  the PNG `out`: hollow markers (predicted), the frontier outlined."""
+def plot(result):
+  """The PNG (bytes) of `result` (`research.predict_frontier`'s JSON for
+  one K): hollow markers (predicted), the frontier outlined."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
@@ -216,5 +217,7 @@ def plot(result, out):
   ax.legend(fontsize=7, title="predicted", title_fontsize=7)
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(out, dpi=110)
+  buffer = io.BytesIO()  # written by the caller, atomically
+  fig.savefig(buffer, format="png", dpi=110)
   pyplot.close(fig)
+  return buffer.getvalue()

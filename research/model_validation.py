@@ -49,7 +49,7 @@ from research import benchmark_lib
 from train import config as config_lib
 from train import error_boundary
 from train import owned_dir
-from train import paths
+from train import user_files
 from research import validation_report
 
 # name -> (K, devices, intra-op threads per device).
@@ -87,8 +87,8 @@ _REPETITIONS = flags.DEFINE_integer(
     "repetitions", 3, "Full op-cost measurements (>= 1) per network and "
     "plan; predictions use their medians.")
 _CORES = flags.DEFINE_integer(
-    "num_cores", None, "Cores of the host (default: those this process may "
-    "use).")
+    "num_cores", None, "Cores of the host (>= 1; default: those this "
+    "process may use).")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace this tool's files in --out_dir "
     "(predictions.json, measured.json, report.md).")
@@ -158,7 +158,8 @@ def validate():
         try:
           contention(network, folder, threads)
         except (OSError, ValueError) as e:
-          config_lib.fail("contention_from", folder, str(e))
+          config_lib.fail("contention_from", folder,
+                          str(e).split(" Received:")[0].rstrip("."))
   present = [f for f in FILES if os.path.exists(
       os.path.join(_OUT_DIR.value, f))]
   if present and not _OVERWRITE.value:
@@ -256,7 +257,8 @@ def predict_cells(profile, plan, strategies, by_batch=None):
 
 
 def _write(name, payload):
-  paths.write_atomic(os.path.join(_OUT_DIR.value, name), payload)
+  user_files.write_output(os.path.join(_OUT_DIR.value, name), payload,
+                          "--out_dir")
 
 
 def _header():

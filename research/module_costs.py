@@ -33,7 +33,6 @@ import sys
 
 from absl import app
 from absl import flags
-import tensorflow as tf
 
 from step_model import profiling
 from step_model import schedule
@@ -42,6 +41,7 @@ from train import error_boundary
 from train import flags_lib
 from train import runtime_setup
 from train import train_lib
+from train import user_files
 
 _OUT = flags.DEFINE_string(
     "out", None, "JSON file (required, local or gs://) the op costs are "
@@ -54,7 +54,7 @@ _REPETITIONS = flags.DEFINE_integer(
     "with min and max.")
 _BALANCE_INTO = flags.DEFINE_integer(
     "balance_into", None, "Measure every block as a module of its own and "
-    "split the network into this many modules by measured time.")
+    "split the network into this many modules (>= 1) by measured time.")
 # --help lists the Config flags too: they configure the measured network.
 flags.adopt_module_key_flags(flags_lib)
 
@@ -101,6 +101,7 @@ def main(argv):
   del argv  # flags only (error_boundary refuses positional arguments)
   if not _OUT.value:
     raise app.UsageError("--out is required. Received: out=None")
+  user_files.check_output(_OUT.value, "--out")  # before minutes of timing
   try:
     config = flags_lib.config_from_flags()
     k = _BALANCE_INTO.value
@@ -122,8 +123,7 @@ def main(argv):
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
-  with tf.io.gfile.GFile(_OUT.value, "w") as f:
-    json.dump(result, f, indent=2)
+  user_files.write_output(_OUT.value, json.dumps(result, indent=2), "--out")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from step_model import threading_plan
 from train import config as config_lib
 from train import error_boundary
 from train import owned_dir
+from train import user_files
 
 _PRESETS = flags.DEFINE_list(
     "presets", ["fashion_mnist_resnet", "fortunes_lm", "synthetic_mlp"],
@@ -149,13 +150,11 @@ def main(argv):
                         cores)
         for name, setting in zip(("off", "on"), SETTINGS)}
   tf.io.gfile.makedirs(_OUT_DIR.value)
-  with tf.io.gfile.GFile(os.path.join(_OUT_DIR.value, "onednn_effect.json"),
-                         "w") as f:
-    json.dump(results, f, indent=2)
+  user_files.write_output(os.path.join(_OUT_DIR.value, "onednn_effect.json"),
+                          json.dumps(results, indent=2), "--out_dir")
   text = report_markdown(results)
-  with tf.io.gfile.GFile(os.path.join(_OUT_DIR.value, "onednn_effect.md"),
-                         "w") as f:
-    f.write(text)
+  user_files.write_output(os.path.join(_OUT_DIR.value, "onednn_effect.md"),
+                          text, "--out_dir")
   print(text)
 
 

@@ -16,18 +16,22 @@ lower-left edge are the frontier: no other cell is both faster and smaller.
 # First: checks the environment and quiets TF before TensorFlow loads.
 from train import runtime_env  # pylint: disable=unused-import,g-bad-import-order
 
-import json
+import io
+import math
+import sys
 
 from absl import app
 from absl import flags
 
 from train import error_boundary
+from train import user_files
 from research import benchmark_lib
 
 _REPORT = flags.DEFINE_string("report", None, "A research.benchmark JSON "
-                              "report (--json_out).")
+                              "report (--json_out): a regular file.")
 _PNG = flags.DEFINE_string("png", None, "The PNG file to write the "
-                           "frontier picture to (replaced if it exists).")
+                           "frontier picture to (replaced if it exists; not "
+                           "a link, a folder or a FIFO).")
 _MEMORY = flags.DEFINE_enum(
     "memory", "count", ["count", "measured"], "The memory axis: count (the "
     "largest device's count) or measured (TF's allocator peak; on "
@@ -65,13 +69,54 @@ def frontier(cells):
                      for _, m2, t2, *_ in cells)}
 
 
-def plot(report, out, memory="count"):
-  """Draws the frontier of `report` into the PNG `out` (`points`' memory
-  axis)."""
+def _finite(value):
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def drawable(report, path, memory="count"):
+  """`points` of the report read from `path` whose numbers are all finite.
+
+  A report of another shape (a cell that is no object, a step time that
+  is text) is refused in one line naming the file; cells with NaN or
+  infinite numbers are left out with a warning, and a report with none
+  left is refused: a picture of nothing would say the run was fine.
+
+  Raises:
+    ValueError: one line naming --report and the file.
+  """
+  received = f"Received: report={path!r}"
+  try:
+    cells = points(report, memory)
+  except (KeyError, TypeError, AttributeError, ValueError) as e:
+    raise ValueError(f"--report={path} is not a research.benchmark report "
+                     f"(its 'strategies' hold a cell of another shape: "
+                     f"{type(e).__name__} {str(e)[:60]}). {received}"
+                     ) from None
+  if not cells:
+    raise ValueError(f"--report={path} has no cell with a memory {memory} "
+                     f"(a report from before memory was measured). "
+                     f"{received}")
+  kept = [(name, mb, ms, predicted if _finite(predicted) else None)
+          for name, mb, ms, predicted in cells
+          if _finite(mb) and _finite(ms)]
+  if not kept:
+    raise ValueError(f"--report={path}: no cell has a finite memory and "
+                     f"step time (NaN or infinite in all {len(cells)}); "
+                     f"nothing was drawn. {received}")
+  left = sorted({c[0] for c in cells} - {c[0] for c in kept})
+  if left:
+    print(f"warning: --report={path}: cells {', '.join(left)} have NaN or "
+          f"infinite numbers and are not drawn", file=sys.stderr, flush=True)
+  return kept
+
+
+def plot(report, cells, memory="count"):
+  """The PNG (bytes) of the frontier of `cells` (`drawable`) of `report`
+  (`points`' memory axis)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-  cells = points(report, memory)
   best = frontier(cells)
   fig, ax = pyplot.subplots(figsize=(8, 5.5))
   colors = {"e2e": "tab:blue", "local": "tab:green"}
@@ -89,28 +134,30 @@ def plot(report, out, memory="count"):
   ax.set_ylabel("ms per step")
   hollow = (", hollow predicted (one core per module)"
             if any(c[3] is not None for c in cells) else "")
-  ax.set_title(f"{report['model']}, K = {report['num_modules']}, "
-               f"{report['placement']}: filled measured "
-               f"({report['num_cores']} cores){hollow}; outlined: the "
+  ax.set_title(f"{report.get('model')}, K = {report.get('num_modules')}, "
+               f"{report.get('placement')}: filled measured "
+               f"({report.get('num_cores')} cores){hollow}; outlined: the "
                f"frontier", fontsize=9)
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(out, dpi=110)
+  buffer = io.BytesIO()  # written by the caller, atomically
+  fig.savefig(buffer, format="png", dpi=110)
+  pyplot.close(fig)
+  return buffer.getvalue()
 
 
 @error_boundary.guard()
 def main(argv):
   del argv
   if not _REPORT.value or not _PNG.value:
-    raise ValueError("--report and --out are both needed. Received: "
+    raise ValueError("--report and --png are both needed. Received: "
                      f"report={_REPORT.value!r}, png={_PNG.value!r}")
-  with open(_REPORT.value) as f:
-    report = json.load(f)
-  if not points(report, _MEMORY.value):
-    raise ValueError(f"{_REPORT.value} has no cell with a memory "
-                     f"{_MEMORY.value} (a report from before memory was "
-                     f"measured). Received: report={_REPORT.value!r}")
-  plot(report, _PNG.value, _MEMORY.value)
+  user_files.check_output(_PNG.value, "--png")
+  report = user_files.read_json(_REPORT.value, "--report",
+                                {"strategies": dict})
+  cells = drawable(report, _REPORT.value, _MEMORY.value)
+  user_files.write_output(_PNG.value, plot(report, cells, _MEMORY.value),
+                          "--png")
   print(_PNG.value)
 
 

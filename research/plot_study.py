@@ -23,7 +23,7 @@ import sys
 from absl import app
 from absl import flags
 
-from train import owned_dir
+from train import user_files
 
 _STUDIES = flags.DEFINE_list(
     "studies", ["docs/results/study_fashion_mnist",
@@ -32,7 +32,8 @@ _STUDIES = flags.DEFINE_list(
     "results.json.")
 _PNG_OUT = flags.DEFINE_string(
     "png_out", "docs/results/study_vs_time.png",
-    "Path of the PNG file to write (overwritten if it exists).")
+    "Path of the PNG file to write (overwritten if it exists; not a link, "
+    "a folder or a FIFO).")
 
 
 def load_study(folder):
@@ -41,7 +42,7 @@ def load_study(folder):
   if not os.path.isfile(path):
     raise ValueError(f"cannot read a study's results from {path} (no such "
                      f"file). Received: studies={folder}")
-  summary = owned_dir.load_json(path, received=f"studies={folder}")
+  summary = user_files.read_json(path, "--studies")
   if "strategies" not in summary or "metric" not in summary:
     raise ValueError(f"{path} is not a research.compare results.json (no "
                      f"'strategies' or 'metric'). Received: studies={folder}")
@@ -106,15 +107,28 @@ def draw(summaries):
   return buffer.getvalue()
 
 
+def _refuse(e):
+  """Leaves with the one line of `e` on stderr, status 1 (as
+  error_boundary would: this binary runs without it)."""
+  print(f"error: {e}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
 def main(argv):
   if len(argv) > 1:  # one line, not absl's usage text
     sys.exit(f"error: Unexpected arguments: {argv[1:]}: this binary takes "
              f"no positional arguments, only --name=value flags (see "
              f"--helpshort). Received: arguments={argv[1:]!r}")
-  summaries = [load_study(folder) for folder in _STUDIES.value]
+  try:
+    user_files.check_output(_PNG_OUT.value, "--png_out")
+    summaries = [load_study(folder) for folder in _STUDIES.value]
+  except ValueError as e:  # one line, as error_boundary would print it
+    _refuse(e)
   png = draw(summaries)
-  with open(_PNG_OUT.value, "wb") as f:
-    f.write(png)
+  try:
+    user_files.write_output(_PNG_OUT.value, png, "--png_out")
+  except ValueError as e:  # the path changed while drawing
+    _refuse(e)
   print(f"wrote {_PNG_OUT.value} ({len(png)} bytes) from "
         f"{', '.join(_STUDIES.value)}")
 

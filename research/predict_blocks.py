@@ -24,14 +24,15 @@ from absl import flags
 from research import benchmark_lib
 from step_model import schedule
 from train import error_boundary
-from train import owned_dir
+from train import user_files
 
 _PROFILE = flags.DEFINE_string(
     "profile", None, "A research.benchmark --role=profile JSON report.")
 _SPLIT = flags.DEFINE_list(
     "split", None, "Blocks of the profile per module, e.g. 2,2,2,3.")
 _STEPS_PER_LOOP = flags.DEFINE_integer(
-    "steps_per_loop", 10, "Steps of one training call (the unrolled call).")
+    "steps_per_loop", 10, "Steps of one training call (>= 1; the unrolled "
+    "call).")
 _BLOCKS = flags.DEFINE_list(
     "blocks", ["1", "2", "5", "10"], "The block sizes U to predict, "
     "comma-separated ints >= 1.")
@@ -70,8 +71,8 @@ def predict(costs, strategies, steps_per_loop, blocks):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  report = owned_dir.load_json(_PROFILE.value, {"module_costs_ms": list},
-                               received=f"profile={_PROFILE.value!r}")
+  report = user_files.read_json(_PROFILE.value, "--profile",
+                                {"module_costs_ms": list})
   blocks = benchmark_lib.costs_from_ms(report["module_costs_ms"])
   split = [int(v) for v in _SPLIT.value if v.isdigit()]
   if (len(split) != len(_SPLIT.value) or not all(split) or

@@ -37,7 +37,7 @@ from research import benchmark_lib
 from research import frontier_lib
 from train import config as config_lib
 from train import error_boundary
-from train import owned_dir
+from train import user_files
 
 _NUM_MODULES = flags.DEFINE_list(
     "num_modules", ["4", "8"], "The K to predict, comma-separated ints >= 1.")
@@ -45,11 +45,11 @@ _PRESET = flags.DEFINE_string(
     "preset", "resnet20", "The ResNet preset (research.benchmark's "
     "--preset: resnet20/32/56/110, resnet18/34/50/101).")
 _BATCH = flags.DEFINE_integer(
-    "batch_size", 128, "Global batch per step (the measured K = 4 run's); "
-    "divisible by every M of --microbatches.")
+    "batch_size", 128, "Global batch per step (>= 1; the measured K = 4 "
+    "run's); divisible by every M of --microbatches.")
 _STEPS_PER_LOOP = flags.DEFINE_integer(
-    "steps_per_loop", 4, "Steps per training call (the count holds the "
-    "batches it reads ahead).")
+    "steps_per_loop", 4, "Steps per training call (>= 1; the count holds "
+    "the batches it reads ahead).")
 _MICROBATCHES = flags.DEFINE_list(
     "microbatches", ["1", "2", "4", "8"], "Microbatches per step of the "
     "cells, comma-separated ints >= 1 (1: the cells without -mM).")
@@ -57,14 +57,16 @@ _REPEATS = flags.DEFINE_integer(
     "repeats", 10, "Timed calls per op cost in one measurement (>= 1): "
     "their median is the measurement.")
 _REPETITIONS = flags.DEFINE_integer(
-    "repetitions", 3, "How often every op cost is measured: the prediction "
-    "takes the median, the JSON keeps the range (the host is shared).")
+    "repetitions", 3, "How often every op cost is measured (>= 1): the "
+    "prediction takes the median, the JSON keeps the range (the host is "
+    "shared).")
 _MEASURED = flags.DEFINE_string(
     "measured", "docs/results/memory/resnet20_k4_simulated.json",
     "A research.benchmark report of the same network on simulated CPUs "
     "(one device per module): the model's measured error.")
 _OUT_PREFIX = flags.DEFINE_string(
-    "out_prefix", None, "Writes PREFIX_kK.json and PREFIX_kK.png per K.")
+    "out_prefix", None, "Writes PREFIX_kK.json and PREFIX_kK.png per K "
+    "(replaced if they exist; not links, folders or FIFOs).")
 _REUSE = flags.DEFINE_bool(
     "reuse_inputs", False, "Take costs and footprints from the existing "
     "PREFIX_kK.json files instead of measuring them.")
@@ -117,14 +119,23 @@ def measure_inputs(num_modules, microbatches):
           "plan": f"{num_modules} logical CPUs x 1 thread"}
 
 
-def predict(inputs, cells, error):
-  """One K's result: every cell predicted from `inputs` (`measure_inputs`),
-  the frontier, each interlocking cell against the pipelines."""
+def _parsed(inputs):
+  """(costs, microbatch costs, footprints) of `inputs` (`measure_inputs`'
+  JSON)."""
   costs = benchmark_lib.costs_from_ms(inputs["module_costs_ms"])
   micro = {int(m): benchmark_lib.costs_from_ms(c)
            for m, c in inputs["microbatch_costs_ms"].items()}
   footprints = {int(m): frontier_lib.footprints_from_json(f)
                 for m, f in inputs["footprints_bytes"].items()}
+  if not isinstance(inputs["staged_bytes"], (int, float)):
+    raise TypeError(f"staged_bytes is {inputs['staged_bytes']!r}")
+  return costs, micro, footprints
+
+
+def predict(inputs, cells, error):
+  """One K's result: every cell predicted from `inputs` (`measure_inputs`),
+  the frontier, each interlocking cell against the pipelines."""
+  costs, micro, footprints = _parsed(inputs)
   rows = {name: frontier_lib.predict_cell(name, costs, micro, footprints,
                                           inputs["staged_bytes"])
           for name in cells}
@@ -141,11 +152,9 @@ def predict(inputs, cells, error):
 def _error(report_path, inputs):
   """`frontier_lib.measured_error` of the --measured report from the
   inputs of its K, with the report's plan named."""
-  report = owned_dir.load_json(report_path, {"strategies": dict},
-                               received=f"measured={report_path!r}")
-  costs = benchmark_lib.costs_from_ms(inputs["module_costs_ms"])
-  micro = {int(m): benchmark_lib.costs_from_ms(c)
-           for m, c in inputs["microbatch_costs_ms"].items()}
+  report = user_files.read_json(report_path, "--measured",
+                                {"strategies": dict})
+  costs, micro, _ = _parsed(inputs)
   error = frontier_lib.measured_error(report, costs, micro)
   error["plan"] = (f"{report['num_modules']} simulated devices x 1 thread "
                    f"on {report['num_cores']} cores")
@@ -153,16 +162,36 @@ def _error(report_path, inputs):
   return error
 
 
+def _shape_error(flag, path, e):
+  """The line for stored inputs or a report of another shape (a cost that
+  is text, a footprint missing)."""
+  return (f"--{flag}: {path} does not hold what research.predict_frontier "
+          f"needs ({type(e).__name__} {str(e)[:80]}); give a file it wrote "
+          f"(or a research.benchmark report for --measured). Received: "
+          f"{flag}={path!r}")
+
+
+def outputs(prefix, ks):
+  """Every file `main_run` writes: PREFIX_kK.json and .png per K."""
+  return [f"{prefix}_k{k}.{kind}" for k in ks for kind in ("json", "png")]
+
+
 def main_run(ks, microbatches):
   """Measures (or reuses) every K's inputs, predicts, writes and draws."""
   prefix = _OUT_PREFIX.value
+  # Read before minutes of measuring: a bad --measured is named at once.
+  report_k = user_files.read_json(_MEASURED.value, "--measured",
+                                  {"num_modules": int})["num_modules"]
   inputs = {}
   for k in ks:
     path = f"{prefix}_k{k}.json"
     if _REUSE.value:
-      inputs[k] = owned_dir.load_json(path, {"inputs": dict},
-                                      received=f"out_prefix={prefix!r}")[
-                                          "inputs"]
+      inputs[k] = user_files.read_json(path, "--out_prefix",
+                                       {"inputs": dict})["inputs"]
+      try:  # stored inputs of another shape: named now, not as --measured
+        _parsed(inputs[k])
+      except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(_shape_error("out_prefix", path, e)) from None
     else:
       inputs[k] = benchmark_lib.run_child(
           ["--role=measure", f"--num_modules={k}",
@@ -172,18 +201,25 @@ def main_run(ks, microbatches):
            f"--repeats={_REPEATS.value}",
            f"--repetitions={_REPETITIONS.value}"],
           module="research.predict_frontier")
-  report_k = owned_dir.load_json(_MEASURED.value, {"num_modules": int},
-                                 received=f"measured={_MEASURED.value!r}")[
-                                     "num_modules"]
-  error = _error(_MEASURED.value, inputs[report_k]) if report_k in inputs \
-      else {"note": f"--measured is K = {report_k}, not predicted here"}
+  try:
+    error = _error(_MEASURED.value, inputs[report_k]) if (
+        report_k in inputs) else {
+            "note": f"--measured is K = {report_k}, not predicted here"}
+  except (KeyError, TypeError, AttributeError) as e:
+    raise ValueError(_shape_error("measured", _MEASURED.value, e)) from None
   strategies = frontier_lib.STRATEGIES
   for k in ks:
-    result = predict(inputs[k], frontier_lib.cell_names(
-        strategies, microbatches), error)
-    with open(f"{prefix}_k{k}.json", "w") as f:
-      f.write(json.dumps(result, indent=1) + "\n")
-    frontier_lib.plot(result, f"{prefix}_k{k}.png")
+    try:
+      result = predict(inputs[k], frontier_lib.cell_names(
+          strategies, microbatches), error)
+    except (KeyError, TypeError, AttributeError) as e:
+      raise ValueError(_shape_error("out_prefix", f"{prefix}_k{k}.json", e)
+                       ) from None
+    user_files.write_output(f"{prefix}_k{k}.json",
+                            json.dumps(result, indent=1) + "\n",
+                            "--out_prefix")
+    user_files.write_output(f"{prefix}_k{k}.png", frontier_lib.plot(result),
+                            "--out_prefix")
     print(f"K = {k}: frontier {', '.join(result['frontier'])} -> "
           f"{prefix}_k{k}.{{json,png}}")
 
@@ -200,6 +236,8 @@ def main(argv):
     return
   if not _OUT_PREFIX.value:
     config_lib.fail("out_prefix", _OUT_PREFIX.value, "is needed")
+  for path in outputs(_OUT_PREFIX.value, ks):  # before minutes of measuring
+    user_files.check_output(path, "--out_prefix")
   main_run(ks, microbatches)
 
 

@@ -30,18 +30,23 @@ from step_model import profiling
 from step_model import schedule
 from tf_interlock import placement as placement_lib
 from train import error_boundary
+from train import user_files
 
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["local", "local-m8", "e2e", "e2e-m8"],
     "Cells to run (strategy, or strategy-mM for M microbatches).")
 _NUM_MODULES = flags.DEFINE_integer(
-    "num_modules", 4, "K, the MLP's modules (all on one logical device).")
+    "num_modules", 4, "K, the MLP's modules (>= 1; all on one logical "
+    "device).")
 _WIDTH = flags.DEFINE_integer(
-    "width", 512, "Units of every Dense layer of the MLP, and its inputs.")
+    "width", 512, "Units of every Dense layer of the MLP, and its "
+    "inputs (>= 1).")
 _BATCH = flags.DEFINE_integer(
-    "batch_size", 512, "Examples per training step (M must divide it).")
+    "batch_size", 512, "Examples per training step (>= 1; M must divide "
+    "it).")
 _STEPS = flags.DEFINE_integer(
-    "steps", 7, "Timed training calls per cell; the median is reported.")
+    "steps", 7, "Timed training calls per cell (>= 1); the median is "
+    "reported.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the JSON report to this file.")
 
@@ -67,6 +72,8 @@ def measure(name, placement, spec):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _JSON_OUT.value:  # before minutes of timing
+    user_files.check_output(_JSON_OUT.value, "--json_out")
   tf.config.threading.set_inter_op_parallelism_threads(1)
   tf.config.threading.set_intra_op_parallelism_threads(1)
   k = _NUM_MODULES.value
@@ -85,8 +92,8 @@ def main(argv):
           f"{row['charged_ms']:8.2f} ms  charged/serial "
           f"{row['charged_over_serial']:.2f}", flush=True)
   if _JSON_OUT.value:
-    with tf.io.gfile.GFile(_JSON_OUT.value, "w") as f:
-      f.write(json.dumps(report, indent=1) + "\n")
+    user_files.write_output(_JSON_OUT.value,
+                            json.dumps(report, indent=1) + "\n", "--json_out")
 
 
 if __name__ == "__main__":

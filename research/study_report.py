@@ -26,6 +26,7 @@ from research import study_owner
 from research import study_store
 from train import owned_dir
 from train import paths
+from train import user_files
 
 PLOTS = ("metric_vs_steps.png", "metric_vs_seconds.png",
          "metric_vs_predicted_seconds.png")
@@ -343,7 +344,7 @@ def report_markdown(summary, reading=None):
   return "\n".join(lines)
 
 
-def plot(summary, out_dir):
+def plot(summary, out_dir, flag="--out_dir"):
   """Draws `PLOTS`: mean curve and min-max band per strategy."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -385,23 +386,25 @@ def plot(summary, out_dir):
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     pyplot.close(figure)
-    with tf.io.gfile.GFile(os.path.join(out_dir, name), "wb") as f:
-      f.write(buffer.getvalue())
+    user_files.write_output(os.path.join(out_dir, name), buffer.getvalue(),
+                            flag)
 
 
-def write_outputs(summary, out_dir, plots):
-  """results.json, report.md and (if `plots`) the PNGs in out_dir."""
+def write_outputs(summary, out_dir, plots, flag="--out_dir"):
+  """results.json, report.md and (if `plots`) the PNGs in out_dir (named
+  by the flag `flag`; each file through `user_files.write_output`)."""
   tf.io.gfile.makedirs(out_dir)
   if plots:
-    plot(summary, out_dir)
+    plot(summary, out_dir, flag)
   study_store.write_json(os.path.join(out_dir, RESULTS), summary)
   reading_path = os.path.join(out_dir, READING)
   reading = None
   if tf.io.gfile.exists(reading_path):
     with tf.io.gfile.GFile(reading_path) as f:
       reading = f.read()
-  with tf.io.gfile.GFile(os.path.join(out_dir, REPORT), "w") as f:
-    f.write(report_markdown(summary, reading))
+  user_files.write_output(os.path.join(out_dir, REPORT),
+                          report_markdown(summary, reading),
+                          flag)
 
 
 def run_and_report(study, *, eval_points, target, plots, cost_repeats,
@@ -477,5 +480,6 @@ def _run_and_report(study, *, eval_points, target, plots, cost_repeats,
   for name, row in summary["strategies"].items():
     row["runs"] = runs[name]
   for directory in dict.fromkeys([study.out_dir, report_dir or study.out_dir]):
-    write_outputs(summary, directory, plots)
+    write_outputs(summary, directory, plots, "--out_dir" if (
+        directory == study.out_dir) else "--report_dir")
   return summary

@@ -17,6 +17,7 @@ fraction and how much of the time two or more devices were busy, as JSON.
 # First: checks the environment and quiets TF before TensorFlow loads.
 from train import runtime_env  # pylint: disable=unused-import,g-bad-import-order
 
+import io
 import json
 
 from absl import app
@@ -25,6 +26,7 @@ from absl import flags
 from research import trace_reader
 from train import error_boundary
 from train import run_dir
+from train import user_files
 
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "A train.train run folder with a trace "
@@ -33,7 +35,7 @@ _TENSORBOARD_DIR = flags.DEFINE_string(
     "tensorboard_dir", None, "Instead of --model_dir: a TensorBoard log folder "
     "holding plugins/profile (e.g. TensorBoard(log_dir)'s train folder).")
 _PNG = flags.DEFINE_string("png", None, "The PNG file to write (replaced if "
-                           "it exists).")
+                           "it exists; not a link, a folder or a FIFO).")
 _TITLE = flags.DEFINE_string("title", None, "The picture's title; none: the "
                              "trace's path.")
 
@@ -63,8 +65,8 @@ def trace_path(model_dir=None, log_dir=None):
   return found[-1]
 
 
-def plot(trace, out, title):
-  """Draws `trace` (a `trace_reader.Trace`) into the PNG `out`."""
+def plot(trace, title):
+  """The PNG (bytes) of `trace` (a `trace_reader.Trace`)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
@@ -84,8 +86,10 @@ def plot(trace, out, title):
   axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4,
               fontsize=8, frameon=False)
   figure.tight_layout()
-  figure.savefig(out, dpi=80)
+  buffer = io.BytesIO()  # written by the caller, atomically
+  figure.savefig(buffer, format="png", dpi=80)
   pyplot.close(figure)
+  return buffer.getvalue()
 
 
 @error_boundary.guard()
@@ -93,9 +97,11 @@ def main(argv):
   del argv
   if not _PNG.value:
     raise ValueError("--png is required. Received: png=None")
+  user_files.check_output(_PNG.value, "--png")  # before reading the trace
   path = trace_path(_MODEL_DIR.value, _TENSORBOARD_DIR.value)
   trace = trace_reader.read(path)
-  plot(trace, _PNG.value, _TITLE.value or path)
+  user_files.write_output(_PNG.value, plot(trace, _TITLE.value or path),
+                          "--png")
   print(json.dumps(dict(trace_reader.summary(trace), trace=path,
                         png=_PNG.value), indent=1))
 

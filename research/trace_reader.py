@@ -18,9 +18,11 @@ import dataclasses
 import re
 from typing import Dict, List, Tuple
 
+from google.protobuf import message
 import tensorflow as tf
 
 from tf_interlock import tf_private
+from train import user_files
 
 _HOST_PLANE = "/host:CPU"
 _PROCESS = "ExecutorState::Process"
@@ -87,10 +89,17 @@ def read(path):
   """The `Trace` of the .xplane.pb file `path`.
 
   Raises:
-    ValueError: one line if `path` holds no host plane or no placed op.
+    ValueError: one line if `path` is no regular file (a FIFO), is larger
+      than `user_files.MAX_TRACE_BYTES`, is no XSpace proto (truncated or
+      another file), or holds no host plane or no placed op.
   """
-  with tf.io.gfile.GFile(path, "rb") as f:
-    space = tf_private.profiler_xspace(f.read())
+  data = user_files.read_input(path, "trace", user_files.MAX_TRACE_BYTES)
+  try:
+    space = tf_private.profiler_xspace(data)
+  except message.DecodeError as e:
+    raise ValueError(f"{path} is not a readable profiler trace (an XSpace "
+                     f"proto; truncated or another file: {e}). Received: "
+                     f"trace={path!r}") from None
   planes = [p for p in space.planes if p.name == _HOST_PLANE]
   if not planes:
     raise ValueError(f"{path} holds no {_HOST_PLANE} plane: not a TF CPU "

@@ -45,13 +45,15 @@ from tf_interlock.execution_options import ExecutionOptions  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from train import config as config_lib  # noqa: E402
 from train import error_boundary  # noqa: E402
+from train import user_files  # noqa: E402
 
 _MODEL = flags.DEFINE_string(
     "model", "resnet", "Network: mlp (dense layers) or resnet (a preset).")
 _PRESET = flags.DEFINE_string(
     "preset", "resnet20", "ResNet preset with --model=resnet, e.g. resnet20.")
 _NUM_MODULES = flags.DEFINE_integer(
-    "num_modules", 2, "K, the number of modules (one simulated device each).")
+    "num_modules", 2, "K, the number of modules (>= 1; one simulated "
+    "device each).")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "local", "2wise"],
     "Strategies to time, comma-separated (e2e, local, 2wise, Nwise, "
@@ -65,7 +67,8 @@ _BATCH = flags.DEFINE_integer(
 _WIDTH = flags.DEFINE_integer(
     "width", 256, "model=mlp: units of every hidden Dense layer (>= 1).")
 _CALLS = flags.DEFINE_integer(
-    "calls", 3, "Timed calls after the first, for the steady median.")
+    "calls", 3, "Timed calls after the first (>= 1), for the steady "
+    "median.")
 _CELL = flags.DEFINE_string(
     "cell", None, "Internal: time one strategy (or 'keras') in this process "
     "at --steps_per_loop (one value) and print its JSON.")
@@ -297,6 +300,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
     validate()
+    if _JSON_OUT.value and not _CELL.value:  # before minutes of timing
+      user_files.check_output(_JSON_OUT.value, "--json_out")
     if _CELL.value:
       if len(_STEPS_PER_LOOP.value) != 1:
         config_lib.fail("steps_per_loop", ",".join(_STEPS_PER_LOOP.value),
@@ -309,8 +314,8 @@ def main(argv):
     sys.exit(1)
   print(format_table(result))
   if _JSON_OUT.value:
-    with tf.io.gfile.GFile(_JSON_OUT.value, "w") as f:
-      f.write(json.dumps(result, indent=1) + "\n")
+    user_files.write_output(_JSON_OUT.value,
+                            json.dumps(result, indent=1) + "\n", "--json_out")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from research import benchmark_lib  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
 from train import error_boundary  # noqa: E402
 from train import placement_runtime  # noqa: E402
+from train import user_files  # noqa: E402
 
 _ROLE = flags.DEFINE_string(
     "role", "main", "main (runs the children), strategies or keras (one "
@@ -153,8 +154,8 @@ def main(argv):
   report = main_report()
   print(format_table(report))
   if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(report, f, indent=1)
+    user_files.write_output(_OUT.value, json.dumps(report, indent=1),
+                            "--out")
 
 
 if __name__ == "__main__":

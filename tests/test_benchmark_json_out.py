@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("where, words", [
     ("", "is a directory; give a file path"),
-    ("no/x.json", "does not exist (or is a file); create it first"),
+    ("no/x.json", "does not exist; create it first"),
 ])
 def test_json_out_is_refused_before_the_run(tmp_path, where, words):
   path = str(tmp_path / where) if where else str(tmp_path)
@@ -32,7 +32,7 @@ def test_xla_benchmark_out_is_refused_before_the_run(tmp_path):
   proc = run_binary("research.xla_benchmark", f"--out={path}", check=False)
   errors = proc.stderr.strip().splitlines()
   assert proc.returncode == 1 and len(errors) == 1, errors
-  assert "does not exist (or is a file)" in errors[0] and errors[0].endswith(
+  assert "does not exist; create it first" in errors[0] and errors[0].endswith(
       f"Received: out={path!r}"), errors
   assert proc.stdout == ""
 
@@ -47,7 +47,8 @@ def test_a_fifo_or_device_json_out_is_refused_before_the_run(tmp_path):
   for result, path in zip(results, (fifo, "/dev/null")):
     errors = result["stderr"].strip().splitlines()
     assert result["code"] == 1 and len(errors) == 1, errors
+    kind = "a FIFO" if path == fifo else "a character device"
     assert errors[0] == (f"error: --json_out={path} is not a regular file "
-                         "(a FIFO or a device would block or take the "
-                         "report); give a file path. Received: "
+                         f"({kind}, which would block or take the "
+                         "output); give a file path. Received: "
                          f"json_out={path!r}"), errors

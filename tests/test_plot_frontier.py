@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from research import plot_frontier
 from tests import binaries
 
@@ -38,3 +40,19 @@ def test_one_command_draws_the_png(tmp_path):
   binaries.run_binary("research.plot_frontier", f"--report={report}",
                       f"--png={out}", "--memory=measured")
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cells_with_nan_are_left_out_and_all_nan_is_refused(capsys):
+  # A cell whose step time is NaN (a failed measurement) is not drawn, and
+  # said so; a report with no finite cell draws nothing.
+  report = _report()
+  report["strategies"]["local"]["measured_step_s"] = float("nan")
+  cells = plot_frontier.drawable(report, "r.json")
+  assert [c[0] for c in cells] == ["e2e", "e2e-m4"]
+  assert "cells local have NaN or infinite numbers" in capsys.readouterr().err
+  for row in report["strategies"].values():
+    row["measured_step_s"] = float("nan")
+  with pytest.raises(ValueError, match=r"^--report=r\.json: no cell has a "
+                     r"finite memory and step time .*Received: "
+                     r"report='r\.json'$"):
+    plot_frontier.drawable(report, "r.json")

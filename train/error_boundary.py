@@ -7,7 +7,10 @@
   if __name__ == "__main__":
     app.run(main)
 
-Every binary's `main` is decorated with `guard`. A fault the user can
+Every binary's `main` is decorated with `guard`. Before `main` runs, it
+refuses a stray positional argument, a list flag with an empty entry and
+a numeric flag outside the bounds its help states (`train.flag_bounds`).
+A fault the user can
 act on (a bad value, a missing or unwritable file, a full disk, a TF I/O
 error, a stopped run, Ctrl-C or SIGTERM) becomes `error: <one line>` on
 stderr and exit status 1, never a traceback. Anything else is a bug and
@@ -53,6 +56,7 @@ import tensorflow as tf
 
 from tf_interlock import op_errors
 from train import actions
+from train import flag_bounds
 from train import python_private
 from train import stop_watchdog
 
@@ -201,7 +205,7 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
           _fail(f"Unexpected arguments: {argv[1:]}: this binary takes no "
                 f"positional arguments, only --name=value flags (see "
                 f"--helpshort). Received: arguments={argv[1:]!r}")
-        empty = empty_list_entry()
+        empty = empty_list_entry() or flag_bounds.out_of_bounds()
         if empty:
           _fail(empty)
         return main(argv)

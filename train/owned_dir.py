@@ -102,7 +102,19 @@ def load_json(path, fields=None, received=None):
     raise ValueError(f"is {kind}, not a regular file")
   try:
     with tf.io.gfile.GFile(path, "rb") as f:
-      value = json.loads(f.read().decode("utf-8"))
+      data = f.read()
+  except tf.errors.OpError as e:
+    reason = (str(e).splitlines() or [""])[0][:100]
+    raise ValueError(f"is not a readable JSON object ({reason})") from None
+  return parse_json(data, fields)
+
+
+def parse_json(data, fields=None):
+  """The JSON object in `data` (bytes), or ValueError saying why it is
+  none: `load_json`'s checks, for a caller that read the bytes itself
+  (`train.user_files`)."""
+  try:
+    value = json.loads(data.decode("utf-8"))
     problem = _depth_problem(value) or (
         None if isinstance(value, dict) else "not a JSON object")
     if problem is None:
@@ -119,7 +131,7 @@ def load_json(path, fields=None, received=None):
   except RecursionError:
     raise ValueError("is not a readable JSON object (nested too deeply)"
                      ) from None
-  except (ValueError, tf.errors.OpError) as e:
+  except ValueError as e:  # UnicodeDecodeError and JSONDecodeError too
     reason = (str(e).splitlines() or [""])[0][:100]
     raise ValueError(f"is not a readable JSON object ({reason})") from None
   return value
