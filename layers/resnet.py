@@ -74,7 +74,8 @@ class _ResidualBlock(keras.layers.Layer):
     self.filters = int(filters)
     self.strides = int(strides)
     self.shortcut = shortcut
-    self.synchronized_bn = bool(synchronized_bn)
+    self.synchronized_bn = common.check_bool("synchronized_bn",
+                                             synchronized_bn)
     self.out_filters = self.expansion * self.filters
     self.specs = self._branch()
     policy, sync = self.dtype_policy, self.synchronized_bn
@@ -209,7 +210,8 @@ class ResNetStem(keras.layers.Layer):
           f"kind={kind!r}")
     self.filters = int(filters)
     self.kind = kind
-    self.synchronized_bn = bool(synchronized_bn)
+    self.synchronized_bn = common.check_bool("synchronized_bn",
+                                             synchronized_bn)
     self.kernel, self.strides = (3, 1) if kind == "cifar" else (7, 2)
     self.conv = conv2d(self.filters, self.kernel, self.strides,
                        dtype=self.dtype_policy, name="conv")

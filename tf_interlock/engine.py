@@ -137,13 +137,16 @@ class InterlockStep:
     self.modules = list(modules)
     self.plan = plan
     self.recompute = _per_module("recompute", recompute, len(self.modules))
+    if not isinstance(memory_lean, bool):
+      raise ValueError(f"memory_lean must be True or False. "
+                       f"Received: memory_lean={memory_lean!r}")
     if memory_lean and any(plan.vjp_keys[k] for k in range(len(modules))):
       raise ValueError(
           "memory_lean=True needs a strategy where no gradient crosses a "
           "module (local): module k's backward would wait for module k + 1's"
           " forward. Received: memory_lean=True with a window that sends "
           "gradients back")
-    self.memory_lean = bool(memory_lean)
+    self.memory_lean = memory_lean
     self.loss_fn = loss_fn
     self.metric_fn = metric_fn
     self.placement = placement or placement_lib.Placement("single")

@@ -75,3 +75,32 @@ def make_placement(kind, num_modules, distribute=None, module_devices=None):
     ValueError: unknown kind, or fewer devices than modules.
   """
   return get(kind).build(num_modules, distribute, module_devices)
+
+
+def resolve(placement, num_modules, distribute=None, default="single"):
+  """The `Placement` a door was given: the same forms for every door.
+
+  Args:
+    placement: None, a registered name, or a `Placement`.
+    num_modules: K.
+    distribute: the strategy the trainer runs under.
+    default: what None means: a registered name, or None (kept as None: no
+      device scopes, as `InterlockModel` takes it).
+
+  Returns:
+    A `Placement`, or None for None with `default=None`.
+
+  Raises:
+    ValueError: one line, for any other value or an unknown name.
+  """
+  if placement is None:
+    if default is None:
+      return None
+    placement = default
+  if isinstance(placement, str):
+    return make_placement(placement, num_modules, distribute)
+  if not isinstance(placement, Placement):
+    raise ValueError(
+        f"placement must be None, one of {names()} or a Placement. "
+        f"Received: placement={placement!r}")
+  return placement
