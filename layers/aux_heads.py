@@ -291,6 +291,11 @@ def register(kind):
   return kind
 
 
+def unregister(name):
+  """Removes the kind registered as `name` (a test's, or a user's)."""
+  KINDS.pop(name, None)
+
+
 def names(conv_only=False):
   """The registered kinds' names, in registration order."""
   return [name for name, kind in KINDS.items() if kind.conv or not conv_only]

@@ -354,9 +354,9 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
     balance: "flops", "main_flops" or "blocks", used when `split` is None.
     input_shape: per-example input shape (H, W, C) for the cost estimate;
       defaults to 32x32x3 (CIFAR presets) or 224x224x3 (ImageNet presets).
-    aux_head: a kind of `aux_heads.KINDS` ("authors": conv 128 -> conv 64
-      -> pool -> dense; "pool": pool -> dense; "linear"; "none"), a list
-      of conv widths, or None for no aux heads.
+    aux_head: a registered kind (`aux_heads.names()`, described by
+      `aux_heads.describe()`), a list of conv widths, or None for no aux
+      heads.
     width, stage_blocks, shortcut, synchronized_bn: as for `resnet_layers`.
     name: prefix of the module names (`{name}_module{k}`).
 

@@ -46,8 +46,6 @@ module's body, update and gradient norm on its own device
 `TPUStrategy.run`.
 """
 
-import functools
-
 import keras
 import tensorflow as tf
 
@@ -185,20 +183,13 @@ class InterlockTrainer:
         self.modules, self.plan, losses_lib.per_example_loss(loss_fn),
         metric_fn, self.placement, recompute=self.options.recompute,
         memory_lean=self.options.memory_lean,
-        min_traced_calls=self.options.execution.min_traced_calls)
+        min_traced_calls=self.options.execution.min_traced_calls,
+        optimizers=self.optimizers, replicas=self.replicas)
     self._loop_fns = {}
     self._built = False
     # The ties between modules (a layer called in two of them), found by
     # `build` once the variables exist; None when there are none.
     self._tied = None
-    # Module k's update and gradient norm, traced once and called by every
-    # unrolled step (see `module_functions`).
-    self._updates = [self.step.functions.add(
-        functools.partial(self._apply, k), ("update", k))
-                     for k in range(len(self.modules))]
-    self._norms = [self.step.functions.add(tf.linalg.global_norm,
-                                           ("grad_norm", k))
-                   for k in range(len(self.modules))]
     # What one XLA program holds (`jit_compile`): each module's functions
     # on its own device, or one whole replica step on the one device (its
     # per-module functions then inline: XLA sees the whole step anyway).
@@ -263,9 +254,7 @@ class InterlockTrainer:
 
   def variables(self, k):
     """theta_k then phi_k: the order of `InterlockStep` gradients."""
-    module = self.modules[k]
-    head = module.aux_head.trainable_variables if module.has_aux_head else []
-    return module.body.trainable_variables + head
+    return self.step.module_steps[k].variables()
 
   def build(self, sample_features):
     """Creates every weight and optimizer slot, eagerly, in scope.
@@ -362,19 +351,11 @@ class InterlockTrainer:
       # Each copy of a tied weight applies the sum of every copy's
       # gradient (`tied_gradients`); the norms below include it.
       grads = self._tied.sum(grads, self.placement.scope)
-    for k, opt in enumerate(self.optimizers):
-      with self.placement.scope(k):
-        scale = None if scales is None else scales[k]
-        norm = self._norms[k](grads[k])
-        if scale is not None:
-          grads[k], norm = self._agree_on_skip(grads[k], norm, scale,
-                                               replicas, context, k, metrics)
-        # This replica's gradient norm (mean over replicas after the SUM
-        # reduction): NaN/Inf in any gradient of module k shows up here.
-        metrics[metric_names.metric_name(k, "grad_norm")] = norm / replicas
-        if self.replicas is not None:
-          grads[k] = self.replicas.sum_module(k, grads[k], metrics)
-        self._updates[k](grads[k])
+    # Module k's update (`ModuleStep.update`: its gradient norm, one skip
+    # decision under loss scaling, the sum over processes, its optimizer).
+    for k, module_step in enumerate(self.step.module_steps):
+      module_step.update(grads[k], None if scales is None else scales[k],
+                         replicas, context, metrics)
     return metrics
 
   def _accumulate(self, grads, metrics, more_grads, more_metrics):
@@ -392,39 +373,6 @@ class InterlockTrainer:
         totals[key] = metrics[key] + more_metrics[key]
     return summed, totals
 
-  def _apply(self, k, grads):
-    """Module k's optimizer applies `grads` (theta_k then phi_k).
-
-    A frozen module (`trainable = False`) has no trainable variables and is
-    not updated; cotangents still cross it (see `engine`).
-    """
-    variables = self.variables(k)
-    if variables:
-      self.optimizers[k].apply_gradients(zip(grads, variables))
-
-  def _agree_on_skip(self, grads, norm, scale, replicas, context, k,
-                     metrics):
-    """Loss-scaled module k: one skip decision for all replicas.
-
-    The `LossScaleOptimizer` checks this replica's gradients before the
-    all-reduce; a non-finite gradient on any replica is made visible on all
-    of them, so every replica skips the same steps. Reports the unscaled
-    norm (0 on a skipped step), "skipped" (1 on a skipped step) and the
-    scale S_k.
-    """
-    finite = tf.reduce_all(tf.stack(
-        [tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
-    if replicas > 1:
-      bad = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                               1.0 - tf.cast(finite, tf.float32))
-      finite = tf.equal(bad, 0.0)
-      grads = [tf.where(finite, g, tf.constant(float("nan"), g.dtype))
-               for g in grads]
-    skipped = 1.0 - tf.cast(finite, tf.float32)
-    metrics[metric_names.metric_name(k, "skipped")] = skipped / replicas
-    metrics[metric_names.metric_name(k, "loss_scale")] = scale / replicas
-    return grads, tf.where(finite, norm / scale, 0.0)
-
   def _step_metrics(self, features, labels):
     """One step on every replica; its metrics summed over replicas."""
     per_replica = self.distribute.run(self._replica_step,
@@ -441,9 +389,8 @@ class InterlockTrainer:
       step = tf.function(step, autograph=False, jit_compile=True)
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
-    kind = step_loop.resolve_loop(self.options.execution.loop, self.strategy,
-                                  self.num_modules, self.placement.one_process,
-                                  replicas)
+    kind = step_loop.resolve_loop(self.options.execution.loop, self.plan,
+                                  self.placement.one_process, replicas)
 
     def run_steps(iterator, n):
       # The sums of n steps' metrics, the steps written out one after
