@@ -21,7 +21,8 @@ metrics are returned tensors.
 The same code runs under the default strategy, `MirroredStrategy` and
 `TPUStrategy`: each replica computes routed gradients for its share of the
 batch (`engine.InterlockStep`), and each module's Keras optimizer sums them
-across replicas before it updates that module.
+across replicas before it updates that module (`module_step.ModuleStep.update`,
+after the microbatches' and tied copies' sums here).
 
 `build` verifies the placement: every variable of module k (body, aux head,
 optimizer slots, step counter, learning rate, loss scale) must sit on module
