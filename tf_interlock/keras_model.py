@@ -282,7 +282,6 @@ class InterlockModel(keras.Model):
         self.interlock_options, steps_per_loop=steps_per_execution,
         jit_compile=jit_compile, execution=execution_options)
     steps_per_execution = options.steps_per_loop
-    jit_compile, execution_options = options.jit_compile, options.execution
     fit_arguments.check_steps_per_execution(steps_per_execution)
     if kwargs:
       raise ValueError(
@@ -317,29 +316,27 @@ class InterlockModel(keras.Model):
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
     self._sparse_labels = fit_guards.sparse_loss(loss)
     self._metric_names = metric_names
+    self._make_eval_trackers(metrics, metric_names)
+    # Not tracked: a Keras metric object in it would become the model's
+    # state (and a locked, built model refuses new state).
+    object.__setattr__(self, "_interlock_compile_config",
+                       _compile_config(optimizer, loss, metrics, options))
+    self._slots_built = False
+    if self.built:
+      self._build_trainer_slots(self._input_shape)
+
+  def _make_eval_trackers(self, metrics, metric_names):
+    """Every exit's evaluation trackers, and which way each value improves
+    (what Keras's callbacks read for their mode="auto")."""
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
     with keras_private.unlocked_tracker(self):
       self._eval_trackers = keras_fit.eval_trackers(
           self.interlock_modules, metric_names)
-    # Not tracked (it holds the trackers above): where Keras's callbacks
-    # read which way each value improves, for their mode="auto".
+    # Not tracked (it holds the trackers above).
     object.__setattr__(self, "_monitor_directions",
                        keras_metrics.monitor_directions(
                            self._eval_trackers, metrics, metric_names))
-    # Not tracked: a Keras metric object in it would become the model's
-    # state (and a locked, built model refuses new state).
-    object.__setattr__(self, "_interlock_compile_config",
-                       keras_fit.compile_config(optimizer, loss, metrics,
-                                                steps_per_execution))
-    if self._interlock_compile_config is not None:
-      self._interlock_compile_config["jit_compile"] = jit_compile
-      if execution_options != execution_options_lib.ExecutionOptions():
-        self._interlock_compile_config["execution_options"] = (
-            dataclasses.asdict(execution_options))
-    self._slots_built = False
-    if self.built:
-      self._build_trainer_slots(self._input_shape)
 
   def get_compile_config(self):
     if self.trainer is None or self._interlock_compile_config is None:
@@ -648,3 +645,15 @@ class InterlockModel(keras.Model):
         modules.append(keras.saving.deserialize_keras_object(module))
     return cls(modules, placement=placement, distribute=distribute, **config)
 
+
+def _compile_config(optimizer, loss, metrics, options):
+  """What `get_compile_config` saves of a `compile` call (its arguments,
+  the trainer's `jit_compile` and a non-default execution), or None when
+  an argument cannot be saved (`keras_fit.compile_config`)."""
+  config = keras_fit.compile_config(optimizer, loss, metrics,
+                                    options.steps_per_loop)
+  if config is not None:
+    config["jit_compile"] = options.jit_compile
+    if options.execution != execution_options_lib.ExecutionOptions():
+      config["execution_options"] = dataclasses.asdict(options.execution)
+  return config
