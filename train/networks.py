@@ -68,17 +68,18 @@ def make_modules(config, task, synchronized_bn=True):
       benchmark on one replica may leave it off, as plain Keras does).
   """
   split = list(config.interlock.split) if config.interlock.split else None
-  if config.network.model == "resnet":
+  network, num_modules = config.network, config.interlock.num_modules
+  aux_head = aux_head_kind(config)
+  if network.model == "resnet":
     return resnet.resnet_modules(
-        config.network.resnet_preset, task.num_classes, config.interlock.num_modules,
-        split=split, input_shape=task.input_shape, width=config.network.resnet_width,
-        aux_head=aux_head_kind(config),
-        synchronized_bn=synchronized_bn)
-  if config.network.model == "transformer":
+        network.resnet_preset, task.num_classes, num_modules, split=split,
+        input_shape=task.input_shape, width=network.resnet_width,
+        aux_head=aux_head, synchronized_bn=synchronized_bn)
+  if network.model == "transformer":
     return transformer.transformer_lm_modules(
-        task.num_classes, config.network.seq_len, config.network.num_layers, config.network.d_model,
-        config.network.num_heads, config.network.mlp_dim, config.interlock.num_modules, split=split,
-        aux_head=aux_head_kind(config))
+        task.num_classes, network.seq_len, network.num_layers,
+        network.d_model, network.num_heads, network.mlp_dim, num_modules,
+        split=split, aux_head=aux_head)
   # The MLP's split counts the hidden Dense layers of each module.
-  return mlp_modules(task.num_classes, config.interlock.num_modules, config.network.mlp_width,
-                     split, aux_head=aux_head_kind(config))
+  return mlp_modules(task.num_classes, num_modules, network.mlp_width, split,
+                     aux_head=aux_head)
