@@ -27,6 +27,7 @@ from typing import Callable
 import keras
 from keras import ops
 
+from layers import common
 from layers.common import batch_norm, conv2d, track_as_attributes
 
 # Conv widths of the auxiliary heads in the authors' released ResNet code.
@@ -65,7 +66,8 @@ class ConvAuxHead(keras.layers.Layer):
     if any(f < 1 for f in self.filters):
       raise ValueError(
           f"filters must be positive ints. Received: filters={filters!r}")
-    self.synchronized_bn = bool(synchronized_bn)
+    self.synchronized_bn = common.check_bool("synchronized_bn",
+                                             synchronized_bn)
     self.convs = [conv2d(f, 3, dtype=self.dtype_policy, name=f"conv{i + 1}")
                   for i, f in enumerate(self.filters)]
     self.norms = [batch_norm(self.synchronized_bn, dtype=self.dtype_policy,
@@ -174,7 +176,7 @@ class SequenceAuxHead(keras.layers.Layer):
           f"`embeddings` variable. Received: tie_to={tie_to!r}")
     self.vocab_size = int(vocab_size)
     self.tie_to = tie_to
-    self.use_bias = bool(use_bias)
+    self.use_bias = common.check_bool("use_bias", use_bias)
     self.epsilon = float(epsilon)
     self.norm = keras.layers.LayerNormalization(
         epsilon=self.epsilon, dtype=self.dtype_policy, name="norm")
@@ -287,6 +289,11 @@ def register(kind):
                      f"already. Received: kind.name={kind.name!r}")
   KINDS[kind.name] = kind
   return kind
+
+
+def unregister(name):
+  """Removes the kind registered as `name` (a test's, or a user's)."""
+  KINDS.pop(name, None)
 
 
 def names(conv_only=False):

@@ -46,6 +46,21 @@ def conv2d(filters, kernel_size, strides=1, *, dtype=None, name=None):
       dtype=dtype, name=name)
 
 
+def check_bool(name, value):
+  """`value` when it is a bool; else one line naming it.
+
+  Python's truth value would take 'no', 'False' or 0.0 as a setting
+  (`bool('no')` is True), so a flag of the API takes True or False only.
+
+  Raises:
+    ValueError: for anything but True or False.
+  """
+  if not isinstance(value, bool):
+    raise ValueError(f"{name} must be True or False. "
+                     f"Received: {name}={value!r}")
+  return value
+
+
 def batch_norm(synchronized=True, *, dtype=None, name=None):
   """BatchNormalization; `synchronized` all-reduces statistics over replicas.
 
@@ -61,6 +76,7 @@ def batch_norm(synchronized=True, *, dtype=None, name=None):
   Returns:
     An unbuilt `keras.layers.BatchNormalization`.
   """
+  check_bool("synchronized_bn", synchronized)
   return keras.layers.BatchNormalization(synchronized=synchronized,
                                          dtype=dtype, name=name)
 

@@ -74,7 +74,8 @@ class _ResidualBlock(keras.layers.Layer):
     self.filters = int(filters)
     self.strides = int(strides)
     self.shortcut = shortcut
-    self.synchronized_bn = bool(synchronized_bn)
+    self.synchronized_bn = common.check_bool("synchronized_bn",
+                                             synchronized_bn)
     self.out_filters = self.expansion * self.filters
     self.specs = self._branch()
     policy, sync = self.dtype_policy, self.synchronized_bn
@@ -209,7 +210,8 @@ class ResNetStem(keras.layers.Layer):
           f"kind={kind!r}")
     self.filters = int(filters)
     self.kind = kind
-    self.synchronized_bn = bool(synchronized_bn)
+    self.synchronized_bn = common.check_bool("synchronized_bn",
+                                             synchronized_bn)
     self.kernel, self.strides = (3, 1) if kind == "cifar" else (7, 2)
     self.conv = conv2d(self.filters, self.kernel, self.strides,
                        dtype=self.dtype_policy, name="conv")
@@ -352,9 +354,9 @@ def resnet_modules(preset, num_classes, num_modules, *, split=None,
     balance: "flops", "main_flops" or "blocks", used when `split` is None.
     input_shape: per-example input shape (H, W, C) for the cost estimate;
       defaults to 32x32x3 (CIFAR presets) or 224x224x3 (ImageNet presets).
-    aux_head: a kind of `aux_heads.KINDS` ("authors": conv 128 -> conv 64
-      -> pool -> dense; "pool": pool -> dense; "linear"; "none"), a list
-      of conv widths, or None for no aux heads.
+    aux_head: a registered kind (`aux_heads.names()`, described by
+      `aux_heads.describe()`), a list of conv widths, or None for no aux
+      heads.
     width, stage_blocks, shortcut, synchronized_bn: as for `resnet_layers`.
     name: prefix of the module names (`{name}_module{k}`).
 

@@ -21,6 +21,7 @@ on tokens 0..t only, in every module and every aux head.
 import keras
 from keras import ops
 
+from layers import aux_heads
 from layers import common
 from layers.aux_heads import SequenceAuxHead
 
@@ -169,7 +170,8 @@ class TransformerBlock(keras.layers.Layer):
 def transformer_lm_modules(vocab_size, seq_len, num_layers, d_model,
                            num_heads, mlp_dim, num_modules, *, split=None,
                            balance="flops", dropout=0.0, tie_embeddings=False,
-                           aux_tie_embeddings=False, name="transformer_lm"):
+                           aux_tie_embeddings=False, aux_head="linear",
+                           name="transformer_lm"):
   """Splits a decoder-only Transformer LM depthwise into K modules.
 
   Module 1 gets the token and position embeddings, module K the final
@@ -199,7 +201,10 @@ def transformer_lm_modules(vocab_size, seq_len, num_layers, d_model,
     balance: "flops", "main_flops" or "blocks", used when `split` is None.
     dropout: dropout rate for embeddings, attention and residual branches.
     tie_embeddings: the output projection of module K reuses E.
-    aux_tie_embeddings: the aux heads reuse E.
+    aux_tie_embeddings: the aux heads reuse E ("linear" heads only).
+    aux_head: the kind of modules 1..K-1's aux heads, any registered kind
+      that takes [B, T, d] features (`aux_heads.make_aux_head`; "linear":
+      a `SequenceAuxHead`, "none": no aux heads).
     name: prefix of the module names (`{name}_module{k}`).
 
   Returns:
@@ -233,9 +238,12 @@ def transformer_lm_modules(vocab_size, seq_len, num_layers, d_model,
     return block_costs, cuts
 
   def new_aux_head(k):
-    return SequenceAuxHead(
-        vocab_size, tie_to=token_embedding if aux_tie_embeddings else None,
-        name=f"aux_head{k}")
+    if aux_head == "linear" and aux_tie_embeddings:
+      return SequenceAuxHead(vocab_size, tie_to=token_embedding,
+                             name=f"aux_head{k}")
+    return aux_heads.make_aux_head(
+        aux_head, vocab_size, (None, seq_len, d_model),
+        output_shape=(None, seq_len, vocab_size), name=f"aux_head{k}")
 
   return common.split_modules(
       embed, blocks, [output_head], num_modules, split=split,

@@ -47,6 +47,7 @@ import tensorflow as tf
 from layers.aux_heads import SequenceAuxHead
 from layers.transformer import TransformerBlock
 from tf_interlock import losses
+from tf_interlock import routing
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
 from step_model import representation
@@ -153,12 +154,14 @@ def unigram_log_probs(dataset, vocab_size, batches):
 
 
 def own_cotangent(strategy, grads):
-  """The cotangent that trains module 1: dL_t/dh_1 ("only") or the sum of
-  dL_1..dL_t ("sum"), t = target(1); grads[k] = dL_{k+1}/dh_1."""
-  target = strategy.target(0, len(grads))
-  if strategy.variant == "sum":
-    return sum(grads[:target + 1])
-  return grads[target]
+  """The cotangent that trains module 1: the sum of dL_j/dh_1 over the
+  losses j that train it (`RoutingPlan.losses_training(0)`: L_t alone under
+  "only", L_1..L_t under "sum", t = target(1)); grads[k] = dL_{k+1}/dh_1."""
+  plan = routing.make_plan(strategy, len(grads))
+  losses = plan.losses_training(0)
+  if len(losses) == 1:
+    return grads[losses[0]]
+  return sum(grads[j] for j in losses)
 
 
 def make_probe(modules):

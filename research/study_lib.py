@@ -26,6 +26,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tf_interlock import routing
 from tf_interlock import strategy as strategy_lib
 from step_model import projection
 from step_model import schedule
@@ -123,9 +124,9 @@ def strategy_names(spellings, num_modules):
     except ValueError as e:
       raise ValueError(f"--strategies: {str(e).split('. Received')[0]}. "
                        f"{received}") from None
-    window = parsed.effective_window(num_modules)
-    # The variant matters only where the window holds several losses.
-    key = (window, parsed.variant if 1 < window < num_modules else None)
+    # One strategy is one routing (the variant matters only where the
+    # window holds several losses: `RoutingPlan.routes`).
+    key = routing.make_plan(parsed, num_modules).routes
     if key in seen:
       raise ValueError(
           f"--strategies names one strategy twice: {seen[key]!r} and "

@@ -410,8 +410,9 @@ CONFIG_ARGS = {"train_steps": "steps", "time_budget_s": "time_budget_s",
 # --aux_head's values (`layers.aux_heads.KINDS`) that a study passes to
 # `from_keras` as another: "pool" builds the "linear" head (pool -> dense on
 # image features, and a head for any features), "none" None, as studies
-# written before the registry recorded them.
-_AUX_HEADS = {"pool": "linear", "none": None}
+# written before the registry recorded them; "auto" (the binaries' default,
+# the network's own) is from_keras's own default, "linear".
+_AUX_HEADS = {"pool": "linear", "none": None, "auto": "linear"}
 
 
 def compare_from_flags(model_fn, data, config, given, *, preset_given,

@@ -507,36 +507,56 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   _check_count("num_cores", num_cores, threads_per_device)
   has_aux = [True] * num_modules if has_aux is None else list(has_aux)
   plan = routing.make_plan(strategy, num_modules, has_aux)
-  if microbatch_costs is not None:
-    _check_costs(microbatch_costs)
-    if len(microbatch_costs) != num_modules:
-      raise ValueError(
-          f"microbatch_costs needs one ModuleCost per module ({num_modules})."
-          f" Received: microbatch_costs={microbatch_costs!r}")
-  else:  # A microbatch op costs 1/M of the full batch's; the sum of the
-    # gradients has the weights' size whatever M.
-    microbatch_costs = [
-        dataclasses.replace(c.scaled(1.0 / num_microbatches),
-                            accumulate=c.accumulate) for c in costs]
+  microbatch_costs = _microbatch_costs(costs, microbatch_costs,
+                                       num_microbatches)
   if speedup != 1.0:
     costs = [c.scaled(1.0 / speedup) for c in costs]
     microbatch_costs = [c.scaled(1.0 / speedup) for c in microbatch_costs]
-  crossings = None
-  if transfers is not None:
-    if len(transfers) != num_modules - 1:
-      raise ValueError(
-          f"transfers needs one TransferCost per module boundary "
-          f"({num_modules - 1}). Received: transfers={transfers!r}")
-    crossings = [t.crossing(num_microbatches)
-                 if device_of[k] != device_of[k + 1] else 0.0
-                 for k, t in enumerate(transfers)]
-  template = _step_template(plan, costs, microbatch_costs, has_aux,
-                            num_microbatches, crossings)
-  size = len(template)
+  template = _step_template(
+      plan, costs, microbatch_costs, has_aux, num_microbatches,
+      _crossings(transfers, device_of, num_microbatches))
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
       num_steps + num_steps // 2, ops_per_device, contention, loop_block)
+  return _measure(template, start, finish, blocker, num_steps, device_of,
+                  num_devices, num_cores, threads_per_device)
 
+
+def _microbatch_costs(costs, microbatch_costs, num_microbatches):
+  """One `ModuleCost` per module for one microbatch's ops: the measured
+  ones, checked, or 1/M of the full batch's."""
+  if microbatch_costs is not None:
+    _check_costs(microbatch_costs)
+    if len(microbatch_costs) != len(costs):
+      raise ValueError(
+          f"microbatch_costs needs one ModuleCost per module ({len(costs)})."
+          f" Received: microbatch_costs={microbatch_costs!r}")
+    return microbatch_costs
+  # A microbatch op costs 1/M of the full batch's; the sum of the
+  # gradients has the weights' size whatever M.
+  return [dataclasses.replace(c.scaled(1.0 / num_microbatches),
+                              accumulate=c.accumulate) for c in costs]
+
+
+def _crossings(transfers, device_of, num_microbatches):
+  """Each boundary's transfer time (0 where both modules share a device),
+  or None without transfer costs."""
+  if transfers is None:
+    return None
+  if len(transfers) != len(device_of) - 1:
+    raise ValueError(
+        f"transfers needs one TransferCost per module boundary "
+        f"({len(device_of) - 1}). Received: transfers={transfers!r}")
+  return [t.crossing(num_microbatches)
+          if device_of[k] != device_of[k + 1] else 0.0
+          for k, t in enumerate(transfers)]
+
+
+def _measure(template, start, finish, blocker, num_steps, device_of,
+             num_devices, num_cores, threads_per_device):
+  """The `ScheduleResult` of a run: its steady step time, each device's
+  utilization over the measured window and load, and the critical ops."""
+  size = len(template)
   done = [max(finish[t * size + i] for i in range(size))
           for t in range(num_steps)]
   steps, span = _steady_window(done[num_steps // 2 - 1:])
@@ -584,10 +604,8 @@ def step_work(costs, strategy, num_microbatches=1, has_aux=None,
   _check_count("num_microbatches", num_microbatches, 1)
   num_modules = len(costs)
   has_aux = [True] * num_modules if has_aux is None else list(has_aux)
-  if microbatch_costs is None:
-    microbatch_costs = [
-        dataclasses.replace(c.scaled(1.0 / num_microbatches),
-                            accumulate=c.accumulate) for c in costs]
+  microbatch_costs = _microbatch_costs(costs, microbatch_costs,
+                                       num_microbatches)
   plan = routing.make_plan(strategy, num_modules, has_aux)
   template = _step_template(plan, costs, microbatch_costs, has_aux,
                             num_microbatches)

@@ -71,11 +71,21 @@ def test_an_old_flat_record_with_some_fields_still_loads():
 
 
 def test_aux_head_takes_every_registered_kind_and_lists_them():
-  for kind in aux_heads.names():
-    config_lib.validate(config_lib.Config(aux_head=kind))
-  with pytest.raises(ValueError, match=(
-      r"aux_head.*\('authors', 'pool', 'linear', 'none'\).*big")):
+  # Each registered entry's behaviour: the flag takes it (with every model
+  # its features fit), lists it in its help and its error.
+  for name, kind in aux_heads.KINDS.items():
+    config_lib.validate(config_lib.Config(model="resnet", aux_head=name))
+    mlp = config_lib.Config(model="mlp", aux_head=name)
+    if kind.conv:  # reads image features: refused for the MLP, one line
+      with pytest.raises(ValueError, match=f"Received: aux_head='{name}'"):
+        config_lib.validate(mlp)
+    else:
+      config_lib.validate(mlp)
+  config_lib.validate(config_lib.Config(aux_head="auto"))
+  with pytest.raises(ValueError) as info:
     config_lib.validate(config_lib.Config(aux_head="big"))
+  assert all(repr(name) in str(info.value) for name in aux_heads.names())
+  assert "big" in str(info.value)
   help_text = {f.name: f.metadata["help"]
                for f in config_lib.flat_fields()}["aux_head"]
   assert aux_heads.describe() in help_text

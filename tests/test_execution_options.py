@@ -58,7 +58,7 @@ def test_the_trainer_takes_options_once():
   with pytest.raises(ValueError, match=r"Received: options=\{'loop': "):
     _trainer(options={"loop": "while"})
   trainer, _ = _trainer()
-  assert trainer.options == ExecutionOptions()
+  assert trainer.options.execution == ExecutionOptions()
   assert not hasattr(trainer, "loop")
   assert not hasattr(trainer, "graph_optimization")
 
@@ -86,11 +86,11 @@ def test_compile_keeps_options_through_its_config():
   model = ti.InterlockModel(helpers.mlp_modules(2), "local",
                             placement="simulated")
   model.compile("adam", execution_options=options)
-  assert model.trainer.options is options
+  assert model.trainer.options.execution is options
   again = ti.InterlockModel(helpers.mlp_modules(2), "local",
                             placement="simulated")
   again.compile_from_config(model.get_compile_config())
-  assert again.trainer.options == options
+  assert again.trainer.options.execution == options
   x, y = helpers.batch(size=16)
   history = model.fit(x, y, batch_size=8, verbose=0)
   assert np.isfinite(history.history["loss"][0])

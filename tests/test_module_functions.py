@@ -136,7 +136,7 @@ def test_traced_equals_op_by_op(strategy):
     m_inline = inline.train_loop(it_inline)
   assert not inline.step.functions.traces  # really op by op
   assert traced.trainer.step.functions.traces[("body", 0)] == 1
-  assert traced.trainer.options.loop == "unrolled"
+  assert traced.trainer.options.execution.loop == "unrolled"
   for a, b in zip(traced.weights, helpers.weights(inline.modules)):
     np.testing.assert_allclose(a, b, atol=1e-6)
   for key, value in m_inline.items():

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests import helpers
+from tests import registry_checks
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
 
@@ -48,28 +49,13 @@ def test_modules_share_devices_as_asked():
     placement_lib.make_placement("simulated", K, module_devices=(0, 1, 2, 4))
 
 
-# What only the binaries set up before the runtime starts (their strategy,
-# devices, cluster or TPU): train/placement_runtime.py, not the library.
-RUNTIME_ONLY = ("prepare_runtime", "configure_devices", "missing_devices",
-                "strategy", "splits_host_cpu", "needs_cluster", "needs_tpu",
-                "loop_on_host", "data_parallel", "traced",
-                "one_device_per_module")
-
-
 def test_placements_answer_only_what_the_trainer_asks():
-  carried = {name: [a for a in RUNTIME_ONLY
-                    if hasattr(placement_lib.get(name), a)]
-             for name in placement_lib.names()}
-  assert carried == {name: [] for name in placement_lib.names()}
-  questions = {}
-  for name in placement_lib.KINDS:
+  for name in placement_lib.names():
+    registry_checks.check_trainer_questions(placement_lib.get(name))
+  for name, answers in registry_checks.BUILT_IN_ANSWERS.items():
     cls = placement_lib.get(name)
-    questions[name] = (cls.one_process, cls.xla_unit, cls.replica_device_type)
-  assert questions == {"single": (True, "replica_step", None),
-                       "simulated": (True, "module", "CPU"),
-                       "gpu": (True, "module", "GPU"),
-                       "tpu": (False, None, None),
-                       "cluster": (False, "module", None)}
+    assert (cls.one_process, cls.xla_unit,
+            cls.replica_device_type) == answers, name
 
 
 def test_only_a_tpu_strategy_compiles_the_step():

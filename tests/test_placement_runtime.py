@@ -38,24 +38,38 @@ def _flags(runtime):
           runtime.data_parallel)
 
 
+# The built-in placements' runtimes and what each sets up; a placement
+# registered later is checked by the rule below, not listed here.
+BUILT_IN_RUNTIMES = {
+    "single": (placement_runtime.SingleRuntime, (False, False, False, True)),
+    "simulated": (placement_runtime.SimulatedRuntime,
+                  (True, False, False, False)),
+    "gpu": (placement_runtime.GpuRuntime, (False, False, False, False)),
+    "tpu": (placement_runtime.TpuRuntime, (False, False, True, False)),
+    "cluster": (placement_runtime.ClusterRuntime,
+                (False, True, False, False))}
+
+
+def expected_runtime(cls):
+  """The rule: its own runtime class, else its nearest registered-runtime
+  base's, else the defaults (`Runtime`)."""
+  for base in cls.__mro__:
+    if base in placement_runtime.RUNTIMES:
+      return placement_runtime.RUNTIMES[base]
+  return placement_runtime.Runtime
+
+
 def test_every_registered_placement_has_a_runtime(user_placements):
-  runtimes = {name: placement_runtime.of(name)
-              for name in placement_lib.names()}
-  assert runtimes == {
-      "single": placement_runtime.SingleRuntime,
-      "simulated": placement_runtime.SimulatedRuntime,
-      "gpu": placement_runtime.GpuRuntime,
-      "tpu": placement_runtime.TpuRuntime,
-      "cluster": placement_runtime.ClusterRuntime,
-      "library_only": placement_runtime.Runtime,
-      "mirror": placement_runtime.SimulatedRuntime}
-  assert {name: _flags(placement_runtime.of(name))
-          for name in placement_lib.KINDS} == {
-              "single": (False, False, False, True),
-              "simulated": (True, False, False, False),
-              "gpu": (False, False, False, False),
-              "tpu": (False, False, True, False),
-              "cluster": (False, True, False, False)}
+  for name in placement_lib.names():
+    runtime = placement_runtime.of(name)
+    assert runtime is expected_runtime(placement_lib.get(name)), name
+    assert all(isinstance(flag, bool) for flag in _flags(runtime)), name
+  assert placement_runtime.of("library_only") is placement_runtime.Runtime
+  assert (placement_runtime.of("mirror")
+          is placement_runtime.SimulatedRuntime)
+  for name, (runtime, flags) in BUILT_IN_RUNTIMES.items():
+    assert placement_runtime.of(name) is runtime, name
+    assert _flags(runtime) == flags, name
 
 
 def test_a_placement_without_a_runtime_gets_the_defaults(user_placements):

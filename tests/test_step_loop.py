@@ -12,8 +12,8 @@ import tensorflow as tf
 from tests import helpers
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
+from tf_interlock import routing
 from tf_interlock import step_loop
-from tf_interlock import strategy as strategy_lib
 from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
 
@@ -164,27 +164,27 @@ def test_one_step_per_call_runs_no_loop():
 
 
 def test_auto_loops_where_steps_have_no_slack():
-  resolve = lambda s, k: step_loop.resolve_loop(  # noqa
-      "auto", strategy_lib.parse_strategy(s), k)
+  plan = routing.make_plan
+  resolve = lambda s, k: step_loop.resolve_loop("auto", plan(s, k))  # noqa
   assert [resolve(s, 4) for s in ("e2e", "4wise", "6wise")] == ["while"] * 3
   assert [resolve(s, 4) for s in ("local", "2wise", "3wise")] == [
       "unrolled"] * 3
   assert resolve("2wise", 2) == "while"
-  e2e = strategy_lib.parse_strategy("e2e")
-  # Each placement class says whether it runs every module in this process.
-  one_process = {name: placement_lib.get(name).one_process
-                 for name in placement_lib.KINDS}
-  assert one_process == {"single": True, "simulated": True, "gpu": True,
-                         "tpu": False, "cluster": False}
-  for name, expected in (("gpu", "while"), ("tpu", "unrolled"),
-                         ("cluster", "unrolled")):
-    assert step_loop.resolve_loop("auto", e2e, 4,
-                                  one_process[name]) == expected, name
-  assert step_loop.resolve_loop("auto", e2e, 4, True, 2) == "unrolled"
-  assert step_loop.resolve_loop("unrolled", strategy_lib.parse_strategy(
-      "e2e"), 4) == "unrolled"
+  e2e = plan("e2e", 4)
+  # Each placement class says whether it runs every module in this process;
+  # "auto" loops only there.
+  for name in placement_lib.names():
+    one_process = placement_lib.get(name).one_process
+    assert isinstance(one_process, bool), name
+    assert step_loop.resolve_loop("auto", e2e, one_process) == (
+        "while" if one_process else "unrolled"), name
+  for name, expected in (("single", True), ("simulated", True),
+                         ("gpu", True), ("tpu", False), ("cluster", False)):
+    assert placement_lib.get(name).one_process is expected, name
+  assert step_loop.resolve_loop("auto", e2e, True, 2) == "unrolled"
+  assert step_loop.resolve_loop("unrolled", e2e) == "unrolled"
   with pytest.raises(ValueError, match=r"Received: loop='scan'"):
-    step_loop.resolve_loop("scan", strategy_lib.parse_strategy("e2e"), 4)
+    step_loop.resolve_loop("scan", e2e)
 
 
 @pytest.mark.parametrize("strategy,num_modules", [("local", 2), ("2wise", 3)])

@@ -131,7 +131,7 @@ def test_loop_block_reaches_the_trainer(loop_block, loop, block):
                    steps_per_loop=4, loop_block=loop_block)
   config_lib.validate(config)
   trainer, task, _ = train_lib.build(config)
-  assert (trainer.options.loop, trainer.options.loop_block) == (loop, block)
+  assert (trainer.options.execution.loop, trainer.options.execution.loop_block) == (loop, block)
   iterator = iter(trainer.distribute_dataset(task.train))
   graph = trainer.loop_function(4).get_concrete_function(iterator).graph
   # Local at K = 4: the library's loop writes the 4 steps out.

@@ -13,9 +13,13 @@ The public front door (Gomez et al., 2022, arXiv:2010.04116)::
   a projection at every position) and image features.
 * `InterlockModule`: one module (body, optional aux head, input cut).
 * `InterlockTrainer`: the same training as a plain loop (`train_loop`).
+* `TrainingOptions`: every training setting (strategy, steps per call,
+  microbatches, XLA, recompute, memory_lean, execution) as one frozen value,
+  given to `InterlockTrainer(options=)` or `InterlockModel(options=)`.
 * `ExecutionOptions`: how the training calls run their steps (loop kind,
-  graph optimisation, per-module functions, tf.data autotuning), given to
-  `InterlockTrainer(options=)` or `InterlockModel.compile(execution_options=)`.
+  graph optimisation, per-module functions, tf.data autotuning): the
+  `execution` field of `TrainingOptions`, or
+  `InterlockModel.compile(execution_options=)`.
 * `placement`: where module k lives (`make_placement`,
   `configure_simulated_devices`).
 
@@ -58,7 +62,8 @@ from tf_interlock.keras_model import InterlockModel
 from tf_interlock.keras_split import KerasSegment
 from tf_interlock.keras_split import from_keras
 from tf_interlock.trainer import InterlockTrainer
+from tf_interlock.training_options import TrainingOptions
 
 __all__ = ["ConvAuxHead", "ExecutionOptions", "InterlockModel",
            "InterlockModule", "InterlockTrainer", "KerasSegment",
-           "SequenceAuxHead", "from_keras", "placement"]
+           "SequenceAuxHead", "TrainingOptions", "from_keras", "placement"]

@@ -14,6 +14,8 @@ time against the steady step time, and were chosen by measurement on a
 
 import dataclasses
 
+from tf_interlock import int_args
+
 LOOPS = ("auto", "unrolled", "while")
 GRAPH_OPTIMIZATIONS = ("auto", "default", "light")
 
@@ -68,9 +70,11 @@ class ExecutionOptions:
       raise ValueError(f"loop must be one of {LOOPS}. "
                        f"Received: loop={self.loop!r}")
     block = self.loop_block
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+    if not int_args.is_int(block) or block < 1:
       raise ValueError(f"loop_block must be an int >= 1. "
                        f"Received: loop_block={block!r}")
+    # Frozen: a numpy integer is kept as the Python int it is.
+    object.__setattr__(self, "loop_block", int(block))
     if block > 1 and self.loop == "unrolled":
       raise ValueError(f"loop_block > 1 runs a while loop; loop='unrolled' "
                        f"writes every step out. Received: loop_block={block}"
@@ -80,9 +84,10 @@ class ExecutionOptions:
           f"graph_optimization must be one of {GRAPH_OPTIMIZATIONS}. "
           f"Received: graph_optimization={self.graph_optimization!r}")
     calls = self.min_traced_calls
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+    if not int_args.is_int(calls) or calls < 1:
       raise ValueError(f"min_traced_calls must be an int >= 1. "
                        f"Received: min_traced_calls={calls!r}")
+    object.__setattr__(self, "min_traced_calls", int(calls))
     if not isinstance(self.data_autotune, bool):
       raise ValueError(f"data_autotune must be True or False. "
                        f"Received: data_autotune={self.data_autotune!r}")

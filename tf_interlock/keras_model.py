@@ -54,9 +54,9 @@ from tf_interlock import losses as losses_lib
 from tf_interlock import op_errors
 from tf_interlock import placement as placement_lib
 from tf_interlock import sample_weights
-from tf_interlock import strategy as strategy_lib
 from tf_interlock import task_defaults
 from tf_interlock import trainer as trainer_lib
+from tf_interlock import training_options
 from tf_interlock.module_optimizers import ModuleOptimizers
 
 
@@ -75,11 +75,17 @@ class InterlockModel(keras.Model):
       `placement.Placement`: where module k's variables and ops live.
     num_microbatches: M >= 1 microbatches per replica batch.
     distribute: a `tf.distribute.Strategy`; defaults to the current one.
+    recompute, memory_lean: as for `InterlockTrainer`.
+    options: a `TrainingOptions` holding these settings (the arguments
+      above, when given, replace its fields); read back as
+      `model.interlock_options`, never changed: `compile` gives its
+      trainer a copy with `steps_per_execution` and `jit_compile`.
     **kwargs: `keras.Model` arguments (`name`).
   """
 
-  def __init__(self, modules, strategy="e2e", *, variant=None, placement=None,
-               num_microbatches=1, distribute=None, **kwargs):
+  def __init__(self, modules, strategy=None, *, variant=None, placement=None,
+               num_microbatches=None, distribute=None, recompute=None,
+               memory_lean=None, options=None, **kwargs):
     distribute = distribute or tf.distribute.get_strategy()
     # Keras's contract: a model created under a strategy's scope trains
     # with that strategy (`model.distribute_strategy`).
@@ -99,11 +105,15 @@ class InterlockModel(keras.Model):
             f"is given again as module {k + 1}. "
             f"Received: modules[{k}]={module.name!r}")
     self.interlock_modules = modules
-    self.interlock_strategy = strategy_lib.parse_strategy(strategy, variant)
+    # Every setting in one frozen value (`training_options`), never
+    # changed after this line.
+    self.interlock_options = training_options.make(
+        options, strategy=strategy, variant=variant,
+        num_microbatches=num_microbatches, recompute=recompute,
+        memory_lean=memory_lean)
     self._distribute = distribute
-    self.placement = (None if placement is None else placement_lib.resolve(
-        placement, len(modules), self._distribute))
-    self.num_microbatches = num_microbatches
+    self.placement = placement_lib.resolve(placement, len(modules),
+                                           distribute, default=None)
     self.trainer = None
     self._slots_built = False
     self._input_dtype = None
@@ -124,7 +134,15 @@ class InterlockModel(keras.Model):
   @property
   def strategy(self):
     """The `InterlockStrategy` this model trains with (its window n)."""
-    return self.interlock_strategy
+    return self.interlock_options.strategy
+
+  @property
+  def interlock_strategy(self):
+    return self.interlock_options.strategy
+
+  @property
+  def num_microbatches(self):
+    return self.interlock_options.num_microbatches
 
   def get_layer(self, name=None, index=None):
     """Keras's `get_layer`; a name not at the top level (the modules) is
@@ -252,7 +270,7 @@ class InterlockModel(keras.Model):
   # -- compile and fit ------------------------------------------------------
 
   def compile(self, optimizer="adam", loss=None, metrics=None,
-              steps_per_execution=1, jit_compile="auto",
+              steps_per_execution=None, jit_compile=None,
               execution_options=None, **kwargs):
     """Configures interlocking training.
 
@@ -276,17 +294,27 @@ class InterlockModel(keras.Model):
         Every exit gets its own copy, logged "module_k/<name>"; the
         network's also as "<name>" (see `keras_metrics`).
       steps_per_execution: training steps unrolled into one `tf.function`
-        call (`InterlockTrainer.train_loop`'s `steps_per_loop`).
+        call (`InterlockTrainer.train_loop`'s `steps_per_loop`); None: the
+        model's options' (default 1).
       jit_compile: True, False or "auto": compile the training step with
         XLA (`InterlockTrainer`'s argument; "auto" as Keras: on where the
         modules run on a GPU or TPU, off on CPU; always on for
-        placement="tpu"). The resolved value is `model.trainer.jit_compile`.
+        placement="tpu"); None: the model's options' (default "auto"). The
+        resolved value is `model.trainer.jit_compile`.
       execution_options: a `tf_interlock.ExecutionOptions` (how each call
-        runs its steps, and `fit`'s tf.data autotuning); None: the
-        defaults. Saved with the compile config.
+        runs its steps, and `fit`'s tf.data autotuning); None: the model's
+        options'. Saved with the compile config.
       **kwargs: other `keras.Model.compile` arguments are not supported and
         raise.
     """
+    if steps_per_execution is not None:
+      fit_arguments.check_steps_per_execution(steps_per_execution)
+    # The trainer's settings: a new value from the model's, which stays
+    # as it was (checked here, before anything is compiled).
+    options = training_options.make(
+        self.interlock_options, steps_per_loop=steps_per_execution,
+        jit_compile=jit_compile, execution=execution_options)
+    steps_per_execution = options.steps_per_loop
     fit_arguments.check_steps_per_execution(steps_per_execution)
     if kwargs:
       raise ValueError(
@@ -311,11 +339,9 @@ class InterlockModel(keras.Model):
                     steps_per_execution=steps_per_execution,
                     jit_compile=False, run_eagerly=False)
     self.trainer = trainer_lib.InterlockTrainer(
-        self.interlock_modules, factory, self.interlock_strategy,
-        loss_fn=loss_fn, metric_fn=metric_fn, distribute=self._distribute,
-        placement=self.placement, steps_per_loop=steps_per_execution,
-        num_microbatches=self.num_microbatches, jit_compile=jit_compile,
-        options=execution_options)
+        self.interlock_modules, factory, loss_fn=loss_fn,
+        metric_fn=metric_fn, distribute=self._distribute,
+        placement=self.placement, options=options)
     # Named attributes: Keras saves (and BackupAndRestore restores) each
     # module's optimizer state with the model's weights.
     for k, opt in enumerate(self.trainer.optimizers, start=1):
@@ -326,29 +352,27 @@ class InterlockModel(keras.Model):
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
     self._sparse_labels = fit_guards.sparse_loss(loss)
     self._metric_names = metric_names
+    self._make_eval_trackers(metrics, metric_names)
+    # Not tracked: a Keras metric object in it would become the model's
+    # state (and a locked, built model refuses new state).
+    object.__setattr__(self, "_interlock_compile_config",
+                       _compile_config(optimizer, loss, metrics, options))
+    self._slots_built = False
+    if self.built:
+      self._build_trainer_slots(self._input_shape)
+
+  def _make_eval_trackers(self, metrics, metric_names):
+    """Every exit's evaluation trackers, and which way each value improves
+    (what Keras's callbacks read for their mode="auto")."""
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
     with keras_private.unlocked_tracker(self):
       self._eval_trackers = keras_fit.eval_trackers(
           self.interlock_modules, metric_names)
-    # Not tracked (it holds the trackers above): where Keras's callbacks
-    # read which way each value improves, for their mode="auto".
+    # Not tracked (it holds the trackers above).
     object.__setattr__(self, "_monitor_directions",
                        keras_metrics.monitor_directions(
                            self._eval_trackers, metrics, metric_names))
-    # Not tracked: a Keras metric object in it would become the model's
-    # state (and a locked, built model refuses new state).
-    object.__setattr__(self, "_interlock_compile_config",
-                       keras_fit.compile_config(optimizer, loss, metrics,
-                                                steps_per_execution))
-    if self._interlock_compile_config is not None:
-      self._interlock_compile_config["jit_compile"] = jit_compile
-      if execution_options is not None:
-        self._interlock_compile_config["execution_options"] = (
-            dataclasses.asdict(execution_options))
-    self._slots_built = False
-    if self.built:
-      self._build_trainer_slots(self._input_shape)
 
   def get_compile_config(self):
     if self.trainer is None or self._interlock_compile_config is None:
@@ -431,7 +455,7 @@ class InterlockModel(keras.Model):
             validation_data, sample_weight=sample_weight,
             input_shape=(input_nest.first_shape(self._input_shape)
                          if self.built else None),
-            autotune=self.trainer.options.data_autotune))
+            autotune=self.trainer.options.execution.data_autotune))
     if self.built and self._slots_built:
       # Built: only the input dtype is needed, and a batch read here would
       # cost an iterator per call.
@@ -641,6 +665,10 @@ class InterlockModel(keras.Model):
         strategy=self.interlock_strategy.name,
         placement=None if self.placement is None else self.placement.kind,
         num_microbatches=self.num_microbatches)
+    if self.interlock_options.recompute is not False:
+      config["recompute"] = self.interlock_options.recompute
+    if self.interlock_options.memory_lean:
+      config["memory_lean"] = True
     return config
 
   @classmethod
@@ -660,3 +688,15 @@ class InterlockModel(keras.Model):
         modules.append(keras.saving.deserialize_keras_object(module))
     return cls(modules, placement=placement, distribute=distribute, **config)
 
+
+def _compile_config(optimizer, loss, metrics, options):
+  """What `get_compile_config` saves of a `compile` call (its arguments,
+  the trainer's `jit_compile` and a non-default execution), or None when
+  an argument cannot be saved (`keras_fit.compile_config`)."""
+  config = keras_fit.compile_config(optimizer, loss, metrics,
+                                    options.steps_per_loop)
+  if config is not None:
+    config["jit_compile"] = options.jit_compile
+    if options.execution != execution_options_lib.ExecutionOptions():
+      config["execution_options"] = dataclasses.asdict(options.execution)
+  return config

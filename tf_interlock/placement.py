@@ -77,27 +77,30 @@ def make_placement(kind, num_modules, distribute=None, module_devices=None):
   return get(kind).build(num_modules, distribute, module_devices)
 
 
-def resolve(placement, num_modules, distribute=None):
-  """A `Placement` from a registered name or a `Placement` itself.
-
-  The one rule `InterlockTrainer` and `InterlockModel` share for their
-  `placement=` argument.
+def resolve(placement, num_modules, distribute=None, default="single"):
+  """The `Placement` a door was given: the same forms for every door.
 
   Args:
-    placement: a registered name (`names()`) or a `Placement`.
-    num_modules: K, to build a named placement for.
+    placement: None, a registered name, or a `Placement`.
+    num_modules: K.
     distribute: the strategy the trainer runs under.
+    default: what None means: a registered name, or None (kept as None: no
+      device scopes, as `InterlockModel` takes it).
 
   Returns:
-    The `Placement`.
+    A `Placement`, or None for None with `default=None`.
 
   Raises:
-    ValueError: anything else, or a name `make_placement` refuses.
+    ValueError: one line, for any other value or an unknown name.
   """
+  if placement is None:
+    if default is None:
+      return None
+    placement = default
   if isinstance(placement, str):
     return make_placement(placement, num_modules, distribute)
-  if isinstance(placement, Placement):
-    return placement
-  raise ValueError(
-      f"placement must be None, one of {names()} or a Placement. "
-      f"Received: placement={placement!r}")
+  if not isinstance(placement, Placement):
+    raise ValueError(
+        f"placement must be None, one of {names()} or a Placement. "
+        f"Received: placement={placement!r}")
+  return placement

@@ -48,6 +48,26 @@ class RoutingPlan:
   weight_keys: Tuple[Tuple[int, ...], ...]
   vjp_keys: Tuple[Tuple[int, ...], ...]
 
+  @property
+  def end_to_end(self):
+    """Whether the final loss alone trains every module (no aux loss
+    trains a main weight): no module's update may run before the whole
+    backward, so the steps have no slack to overlap (`step_loop`)."""
+    return self.loss_low[-1] == 0 and all(
+        lo is None for lo in self.loss_low[:-1])
+
+  @property
+  def routes(self):
+    """Which loss trains which module and what crosses each boundary,
+    without the strategy's labels (window, variant): two strategies whose
+    plans have equal routes train the same way (e.g. "local" and
+    "local-sum")."""
+    return self.loss_low, self.weight_keys, self.vjp_keys
+
+  def losses_training(self, k):
+    """The losses j that train theta_k (`trains(j, k)`), in order."""
+    return [j for j in range(self.num_modules) if self.trains(j, k)]
+
   def trains(self, j, k):
     """True when loss L_j contributes to the update of theta_k."""
     lo = self.loss_low[j]
@@ -80,14 +100,19 @@ def make_plan(strategy, num_modules, has_aux: Optional[Sequence[bool]] = None):
       aux head.
   """
   strategy = strategy_lib.parse_strategy(strategy)
-  window = strategy.effective_window(num_modules)
-  variant = "only" if window >= num_modules else strategy.variant
   if has_aux is None:
     has_aux = [True] * num_modules
   if len(has_aux) != num_modules:
     raise ValueError(
         f"has_aux needs one entry per module ({num_modules}). "
         f"Received: has_aux={list(has_aux)}")
+  own = strategy.routing_plan(num_modules, tuple(has_aux))
+  if own is not None:
+    for j, lo in enumerate(own.loss_low):
+      _check_aux(strategy, j, lo, num_modules, has_aux)
+    return own
+  window = strategy.effective_window(num_modules)
+  variant = "only" if window >= num_modules else strategy.variant
   last = num_modules - 1
   loss_low = []
   for j in range(num_modules):
@@ -95,12 +120,7 @@ def make_plan(strategy, num_modules, has_aux: Optional[Sequence[bool]] = None):
       lo = max(0, j - window + 1)
     else:
       lo = j - window + 1 if j - window + 1 >= 0 else None
-    if lo is not None and j < last and not has_aux[j]:
-      raise ValueError(
-          f"Strategy {strategy} needs the auxiliary loss of module {j + 1} "
-          f"to train module {lo + 1} (modules counted from 1), but module "
-          f"{j + 1} has no aux head. "
-          f"Received: has_aux={list(has_aux)}")
+    _check_aux(strategy, j, lo, num_modules, has_aux)
     loss_low.append(lo)
   final_lo = loss_low[last]
   weight_keys, vjp_keys = [], []
@@ -112,3 +132,14 @@ def make_plan(strategy, num_modules, has_aux: Optional[Sequence[bool]] = None):
     vjp_keys.append(tuple(lo for lo in keys if lo < k))
   return RoutingPlan(num_modules, window, variant, tuple(loss_low),
                      tuple(weight_keys), tuple(vjp_keys))
+
+
+def _check_aux(strategy, j, lo, num_modules, has_aux):
+  """Refuses a plan where L_j (j < K - 1) trains a module but module j has
+  no aux head to compute it."""
+  if lo is not None and j < num_modules - 1 and not has_aux[j]:
+    raise ValueError(
+        f"Strategy {strategy} needs the auxiliary loss of module {j + 1} "
+        f"to train module {lo + 1} (modules counted from 1), but module "
+        f"{j + 1} has no aux head. "
+        f"Received: has_aux={list(has_aux)}")

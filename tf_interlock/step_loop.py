@@ -34,12 +34,12 @@ LOOPS = ("unrolled", "while")
 # Where "auto" may loop: one process, one replica (measured and tested
 # there). TPU, cluster and replicated runs keep the unrolled steps they
 # were written and checked with.
-def resolve_loop(loop, strategy, num_modules, one_process=True,
-                 replicas=1):
+def resolve_loop(loop, plan, one_process=True, replicas=1):
   """"unrolled" or "while" for a trainer's `loop` setting.
 
-  "auto" is "while" where the steps have no slack to overlap: a window
-  n >= K (end-to-end, or n-wise over K <= n modules), where module 1's
+  "auto" is "while" where the steps have no slack to overlap: the final
+  loss alone trains every module (`RoutingPlan.end_to_end`: a window
+  n >= K, end-to-end or n-wise over K <= n modules), where module 1's
   forward at step t + 1 waits for module 1's update at step t, which waits
   for the backward of every module; the loop then costs at most the
   overlap of the last modules' updates with module 1's next forward. Local
@@ -48,8 +48,8 @@ def resolve_loop(loop, strategy, num_modules, one_process=True,
 
   Args:
     loop: "auto", "unrolled" or "while".
-    strategy: the trainer's `strategy.InterlockStrategy`.
-    num_modules: K.
+    plan: the trainer's `routing.RoutingPlan` (which loss trains which
+      module; the strategy is read only through it).
     one_process: the trainer's placement runs every module in this process
       (`Placement.one_process`).
     replicas: replicas in sync (times the trainer's collective replicas).
@@ -61,8 +61,7 @@ def resolve_loop(loop, strategy, num_modules, one_process=True,
     ValueError: an unknown `loop`, in one line.
   """
   if loop == "auto":
-    no_slack = strategy.effective_window(num_modules) >= num_modules
-    return ("while" if no_slack and one_process
+    return ("while" if plan.end_to_end and one_process
             and replicas == 1 else "unrolled")
   if loop not in LOOPS:
     raise ValueError(f"loop must be 'auto' or one of {LOOPS}. "

@@ -69,6 +69,21 @@ class InterlockStrategy:
     """target(k) = min(k + n - 1, K - 1), with 0-based module index k."""
     return min(k + self.effective_window(num_modules) - 1, num_modules - 1)
 
+  def routing_plan(self, num_modules, has_aux):
+    """A plan of this strategy's own, or None for the window rule.
+
+    `routing.make_plan` builds every plan from `target(k)` and the
+    variant; a subclass with another rule (e.g. a window n_k per module)
+    returns its own `routing.RoutingPlan` here, and everything that trains
+    reads only that plan.
+
+    Args:
+      num_modules: K.
+      has_aux: per module, whether it has an aux head.
+    """
+    del num_modules, has_aux
+    return None
+
   @property
   def name(self):
     if self.window is None:

@@ -21,7 +21,8 @@ metrics are returned tensors.
 The same code runs under the default strategy, `MirroredStrategy` and
 `TPUStrategy`: each replica computes routed gradients for its share of the
 batch (`engine.InterlockStep`), and each module's Keras optimizer sums them
-across replicas before it updates that module.
+across replicas before it updates that module (`module_step.ModuleStep.update`,
+after the microbatches' and tied copies' sums here).
 
 `build` verifies the placement: every variable of module k (body, aux head,
 optimizer slots, step counter, learning rate, loss scale) must sit on module
@@ -46,24 +47,20 @@ module's body, update and gradient norm on its own device
 `TPUStrategy.run`.
 """
 
-import functools
-
 import keras
 import tensorflow as tf
 
 from tf_interlock import call_guard
 from tf_interlock import engine
-from tf_interlock import execution_options
 from tf_interlock import exits as exits_lib
-from tf_interlock import int_args
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import step_loop
-from tf_interlock import strategy as strategy_lib
 from tf_interlock import tf_private
 from tf_interlock import tied_gradients
+from tf_interlock import training_options
 
 _OPTIMIZERS_ALLOWED = ("one keras.optimizers.Optimizer (cloned for every "
                        "module), an optimizer name such as 'adam', a list "
@@ -124,7 +121,7 @@ class InterlockTrainer:
       Under `mixed_float16` each is wrapped in a `LossScaleOptimizer`
       unless it is one already.
     strategy: the window: "e2e", "local", "pairwise", "Nwise", an int, or an
-      `InterlockStrategy`.
+      `InterlockStrategy` (`TrainingOptions.strategy`).
     variant: "only" or "sum"; refused when `strategy` names another
       (e.g. "2wise-sum" with variant="only").
     loss_fn: a `keras.losses.Loss` (any reduction; it is applied per
@@ -133,34 +130,39 @@ class InterlockTrainer:
     metric_fn: `metric_fn(labels, logits) -> per-example score [batch]`,
       reported as "accuracy". Defaults to sparse accuracy; None disables.
     distribute: a `tf.distribute.Strategy`; defaults to the current one.
-    placement: a `placement.Placement` (module k's device) or a registered
-      name ("single", "simulated", "gpu", "tpu", "cluster", as
-      `InterlockModel` takes); defaults to "single".
-    steps_per_loop: training steps per `tf.function` call.
-    num_microbatches: M >= 1; each replica's batch is split into M
-      microbatches whose gradients are summed before one update.
+    placement: None ("single"), a registered name ("simulated", "gpu",
+      ...) or a `placement.Placement`: module k's device, as
+      `InterlockModel(placement=)` takes it.
     replicas: a `replicas.CollectiveReplicas` when this process is one of
       R processes that each hold all K modules (replicas x modules across
       hosts, see `tf_interlock.replicas`): module k's gradients and metrics
       are summed over the R processes on module k's device before its
       update, and `distribute_dataset` gives this process its rows of each
       global batch. None: this process alone.
-    recompute: a bool or one per module (`engine.InterlockStep`): module k
-      keeps only its input and re-runs its forward inside its backward.
-    memory_lean: one module's activations alive at a time: module k + 1's
-      forward waits for module k's backward, and each microbatch and step
-      for the one before (`engine.InterlockStep`; local learning only).
-    options: an `ExecutionOptions` (how a call runs its steps); None: the
-      defaults. Read back as `trainer.options`.
+    steps_per_loop, num_microbatches, jit_compile, recompute, memory_lean:
+      the `TrainingOptions` fields of these names (training steps per
+      `tf.function` call; M microbatches per replica batch; XLA; module k
+      re-runs its forward inside its backward; one module's activations
+      alive at a time, local learning only); None: the value of `options`.
+    options: a `TrainingOptions` (every setting in one frozen value), or an
+      `ExecutionOptions` (the defaults with that execution); None: the
+      defaults. The arguments above, when given, replace its fields. Read
+      back as `trainer.options`; never changed after construction.
   """
 
-  def __init__(self, modules, optimizers, strategy="e2e", *, variant=None,
+  def __init__(self, modules, optimizers, strategy=None, *, variant=None,
                loss_fn=losses_lib.sparse_softmax_cross_entropy,
                metric_fn=losses_lib.sparse_accuracy, distribute=None,
-               placement=None, steps_per_loop=1, num_microbatches=1,
-               replicas=None, jit_compile="auto", recompute=False,
-               memory_lean=False, options=None):
-    self.options = execution_options.resolve(options)
+               placement=None, steps_per_loop=None, num_microbatches=None,
+               replicas=None, jit_compile=None, recompute=None,
+               memory_lean=None, options=None):
+    # Every setting in one frozen value, checked here (types too); the
+    # keyword arguments only build it.
+    self.options = training_options.make(
+        options, strategy=strategy, variant=variant,
+        steps_per_loop=steps_per_loop, num_microbatches=num_microbatches,
+        jit_compile=jit_compile, recompute=recompute,
+        memory_lean=memory_lean)
     # Two threads in `train_loop` would share the optimizers' counters and
     # the iterator: the second is refused (`call_guard`).
     self._call_guard = call_guard.CallGuard("InterlockTrainer")
@@ -169,47 +171,30 @@ class InterlockTrainer:
     if not self.modules:
       raise ValueError("InterlockTrainer needs at least one module. "
                        "Received: modules=[]")
-    for name, value in (("steps_per_loop", steps_per_loop),
-                        ("num_microbatches", num_microbatches)):
-      if not int_args.is_int(value) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1. "
-                         f"Received: {name}={value!r}")
-    steps_per_loop = int(steps_per_loop)
-    num_microbatches = int(num_microbatches)
-    self.strategy = strategy_lib.parse_strategy(strategy, variant)
     self.plan = engine.make_plan_for(self.modules, self.strategy)
     self.distribute = distribute or tf.distribute.get_strategy()
-    self.placement = placement_lib.resolve(
-        "single" if placement is None else placement, len(self.modules),
-        self.distribute)
+    self.placement = placement_lib.resolve(placement, len(self.modules),
+                                           self.distribute)
     self.placement.check_modules(len(self.modules))
     self.float16 = _uses_float16(self.modules)
     self.placement.check_trainer(self.distribute, self.float16)
     if self.replicas is not None:
       self.replicas.check_trainer(self.distribute, self.float16)
+    # The resolved bool (the options keep what was asked: "auto").
     self.jit_compile = module_functions.resolve_jit_compile(
-        jit_compile, self.placement, self.distribute)
-    self.steps_per_loop = steps_per_loop
-    self.num_microbatches = num_microbatches
+        self.options.jit_compile, self.placement, self.distribute)
     self.optimizers = self._make_optimizers(optimizers)
     self.step = engine.InterlockStep(
         self.modules, self.plan, losses_lib.per_example_loss(loss_fn),
-        metric_fn, self.placement, recompute=recompute,
-        memory_lean=memory_lean,
-        min_traced_calls=self.options.min_traced_calls)
+        metric_fn, self.placement, recompute=self.options.recompute,
+        memory_lean=self.options.memory_lean,
+        min_traced_calls=self.options.execution.min_traced_calls,
+        optimizers=self.optimizers, replicas=self.replicas)
     self._loop_fns = {}
     self._built = False
     # The ties between modules (a layer called in two of them), found by
     # `build` once the variables exist; None when there are none.
     self._tied = None
-    # Module k's update and gradient norm, traced once and called by every
-    # unrolled step (see `module_functions`).
-    self._updates = [self.step.functions.add(
-        functools.partial(self._apply, k), ("update", k))
-                     for k in range(len(self.modules))]
-    self._norms = [self.step.functions.add(tf.linalg.global_norm,
-                                           ("grad_norm", k))
-                   for k in range(len(self.modules))]
     # What one XLA program holds (`jit_compile`): each module's functions
     # on its own device, or one whole replica step on the one device (its
     # per-module functions then inline: XLA sees the whole step anyway).
@@ -224,6 +209,21 @@ class InterlockTrainer:
   @property
   def num_modules(self):
     return len(self.modules)
+
+  @property
+  def strategy(self):
+    """The `InterlockStrategy` (`options.strategy`)."""
+    return self.options.strategy
+
+  @property
+  def steps_per_loop(self):
+    """Steps per `train_loop` call (`options.steps_per_loop`)."""
+    return self.options.steps_per_loop
+
+  @property
+  def num_microbatches(self):
+    """M (`options.num_microbatches`)."""
+    return self.options.num_microbatches
 
   def _make_optimizers(self, optimizers):
     """K distinct optimizers, each made in its module's scopes."""
@@ -259,9 +259,7 @@ class InterlockTrainer:
 
   def variables(self, k):
     """theta_k then phi_k: the order of `InterlockStep` gradients."""
-    module = self.modules[k]
-    head = module.aux_head.trainable_variables if module.has_aux_head else []
-    return module.body.trainable_variables + head
+    return self.step.module_steps[k].variables()
 
   @call_guard.guarded
   def build(self, sample_features):
@@ -359,19 +357,11 @@ class InterlockTrainer:
       # Each copy of a tied weight applies the sum of every copy's
       # gradient (`tied_gradients`); the norms below include it.
       grads = self._tied.sum(grads, self.placement.scope)
-    for k, opt in enumerate(self.optimizers):
-      with self.placement.scope(k):
-        scale = None if scales is None else scales[k]
-        norm = self._norms[k](grads[k])
-        if scale is not None:
-          grads[k], norm = self._agree_on_skip(grads[k], norm, scale,
-                                               replicas, context, k, metrics)
-        # This replica's gradient norm (mean over replicas after the SUM
-        # reduction): NaN/Inf in any gradient of module k shows up here.
-        metrics[metric_names.metric_name(k, "grad_norm")] = norm / replicas
-        if self.replicas is not None:
-          grads[k] = self.replicas.sum_module(k, grads[k], metrics)
-        self._updates[k](grads[k])
+    # Module k's update (`ModuleStep.update`: its gradient norm, one skip
+    # decision under loss scaling, the sum over processes, its optimizer).
+    for k, module_step in enumerate(self.step.module_steps):
+      module_step.update(grads[k], None if scales is None else scales[k],
+                         replicas, context, metrics)
     return metrics
 
   def _accumulate(self, grads, metrics, more_grads, more_metrics):
@@ -389,39 +379,6 @@ class InterlockTrainer:
         totals[key] = metrics[key] + more_metrics[key]
     return summed, totals
 
-  def _apply(self, k, grads):
-    """Module k's optimizer applies `grads` (theta_k then phi_k).
-
-    A frozen module (`trainable = False`) has no trainable variables and is
-    not updated; cotangents still cross it (see `engine`).
-    """
-    variables = self.variables(k)
-    if variables:
-      self.optimizers[k].apply_gradients(zip(grads, variables))
-
-  def _agree_on_skip(self, grads, norm, scale, replicas, context, k,
-                     metrics):
-    """Loss-scaled module k: one skip decision for all replicas.
-
-    The `LossScaleOptimizer` checks this replica's gradients before the
-    all-reduce; a non-finite gradient on any replica is made visible on all
-    of them, so every replica skips the same steps. Reports the unscaled
-    norm (0 on a skipped step), "skipped" (1 on a skipped step) and the
-    scale S_k.
-    """
-    finite = tf.reduce_all(tf.stack(
-        [tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
-    if replicas > 1:
-      bad = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                               1.0 - tf.cast(finite, tf.float32))
-      finite = tf.equal(bad, 0.0)
-      grads = [tf.where(finite, g, tf.constant(float("nan"), g.dtype))
-               for g in grads]
-    skipped = 1.0 - tf.cast(finite, tf.float32)
-    metrics[metric_names.metric_name(k, "skipped")] = skipped / replicas
-    metrics[metric_names.metric_name(k, "loss_scale")] = scale / replicas
-    return grads, tf.where(finite, norm / scale, 0.0)
-
   def _step_metrics(self, features, labels):
     """One step on every replica; its metrics summed over replicas."""
     per_replica = self.distribute.run(self._replica_step,
@@ -438,9 +395,8 @@ class InterlockTrainer:
       step = tf.function(step, autograph=False, jit_compile=True)
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
-    kind = step_loop.resolve_loop(self.options.loop, self.strategy,
-                                  self.num_modules, self.placement.one_process,
-                                  replicas)
+    kind = step_loop.resolve_loop(self.options.execution.loop, self.plan,
+                                  self.placement.one_process, replicas)
 
     def run_steps(iterator, n):
       # The sums of n steps' metrics, the steps written out one after
@@ -462,7 +418,7 @@ class InterlockTrainer:
       # U steps traced, looped (`step_loop`).
       return step_loop.make_while_loop(
           run_steps, num_steps, lambda steps: self.step.functions.tracing_loop(
-              steps * self.num_microbatches), self.options.loop_block)
+              steps * self.num_microbatches), self.options.execution.loop_block)
 
     def loop(iterator):
       # Runs while tracing: per-module functions only where this loop calls
@@ -516,7 +472,7 @@ class InterlockTrainer:
           "module's device.")
     num_steps = num_steps or self.steps_per_loop
     try:
-      optimization = self.options.graph_optimization
+      optimization = self.options.execution.graph_optimization
       if optimization == "light" or (
           optimization == "auto"
           and self.placement.one_process

@@ -175,7 +175,7 @@ def _check_choices(config):
                          ("jit_compile", JIT_COMPILE),
                          ("on_nan", NAN_POLICIES),
                          ("vocab_kind", VOCAB_KINDS),
-                         ("aux_head", tuple(aux_heads.names())),
+                         ("aux_head", ("auto",) + tuple(aux_heads.names())),
                          ("dataset",
                           IMAGE_DATASETS + TEXT_DATASETS + SYNTHETIC)):
     check_choice(field, config.get(field), allowed)
@@ -186,6 +186,12 @@ def _check_choices(config):
                                 config.interlock.variant)
   except ValueError as e:
     fail("strategy", config.interlock.strategy, str(e).split(". Received")[0])
+  if (config.network.model != "resnet"
+      and config.network.aux_head in aux_heads.names(conv_only=True)):
+    fail("aux_head", config.network.aux_head,
+         f"reads image features [B, H, W, C]; model={config.network.model} "
+         f"has flat or per-position features (take 'auto' or one of "
+         f"{sorted(set(aux_heads.names()) - set(aux_heads.names(True)))})")
   if config.network.model == "transformer" and not config.is_text:
     fail("dataset", config.data.dataset, "model=transformer needs a text "
          f"dataset {TEXT_DATASETS}")

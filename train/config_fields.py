@@ -73,8 +73,10 @@ class ModelConfig:
       1.0, "model=resnet: multiplier (> 0) of every stage's channel count; "
       "1 is the published width.")
   aux_head: str = _field(
-      "authors", f"Aux head A_k of modules 1..K-1 (model=resnet, and "
-      f"research.compare --model_fn), one of: {aux_heads.describe()}.")
+      "auto", f"Aux head A_k of modules 1..K-1 (every model, and "
+      f"research.compare --model_fn): 'auto' (the network's own: authors "
+      f"for the ResNet, linear for the MLP and the Transformer) or one of: "
+      f"{aux_heads.describe()}.")
   seq_len: int = _field(64, "model=transformer: tokens per training "
                         "sequence (>= 1); the corpus is cut into windows "
                         "of seq_len + 1 tokens.")

@@ -1,5 +1,8 @@
 """The network of a `Config` as K InterlockModules: ResNet, Transformer, MLP.
 
+Each takes --aux_head, any registered kind (`layers.aux_heads.KINDS`) that
+fits its features; "auto" is the network's own (`AUTO_AUX_HEAD`).
+
 The training, export and evaluation binaries and the research benchmarks
 all build their modules here, so a network of a given Config is the same
 network everywhere.
@@ -7,23 +10,27 @@ network everywhere.
 
 import keras
 
+from layers import aux_heads
 from layers import resnet
 from layers import transformer
 from layers.interlock_module import InterlockModule
 
 
-def mlp_modules(num_classes, num_modules, width, split=None):
+def mlp_modules(num_classes, num_modules, width, split=None,
+                aux_head="linear"):
   """The MLP as K InterlockModules (unbuilt).
 
   Module k holds split[k] hidden Dense(width, relu) layers; module K ends
-  with the Dense(num_classes) output layer, every other module has a linear
-  Dense(num_classes) aux head on its output.
+  with the Dense(num_classes) output layer, every other module has an aux
+  head of kind `aux_head` on its output.
 
   Args:
     num_classes: output classes.
     num_modules: K.
     width: units of every hidden layer.
     split: K positive counts of hidden layers; None gives one per module.
+    aux_head: a registered kind (`layers.aux_heads.names()`) that takes
+      flat features [B, width] ("linear": one Dense(num_classes)).
   """
   modules = []
   for k, layers in enumerate(split or (1,) * num_modules):
@@ -32,9 +39,22 @@ def mlp_modules(num_classes, num_modules, width, split=None):
             for _ in range(layers)]
     if last:
       body.append(keras.layers.Dense(num_classes))
-    head = None if last else keras.layers.Dense(num_classes)
+    head = None if last else aux_heads.make_aux_head(
+        aux_head, num_classes, (None, width), output_shape=(None, num_classes),
+        name=f"aux_head{k + 1}")
     modules.append(InterlockModule(body, aux_head=head, name=f"mlp{k + 1}"))
   return modules
+
+
+# What --aux_head=auto builds: the network's own kind.
+AUTO_AUX_HEAD = {"resnet": "authors", "transformer": "linear", "mlp": "linear"}
+
+
+def aux_head_kind(config):
+  """The registered aux head kind of `config` (--aux_head, "auto" resolved
+  per network)."""
+  kind = config.network.aux_head
+  return AUTO_AUX_HEAD[config.network.model] if kind == "auto" else kind
 
 
 def make_modules(config, task, synchronized_bn=True):
@@ -48,16 +68,18 @@ def make_modules(config, task, synchronized_bn=True):
       benchmark on one replica may leave it off, as plain Keras does).
   """
   split = list(config.interlock.split) if config.interlock.split else None
-  if config.network.model == "resnet":
+  network, num_modules = config.network, config.interlock.num_modules
+  aux_head = aux_head_kind(config)
+  if network.model == "resnet":
     return resnet.resnet_modules(
-        config.network.resnet_preset, task.num_classes, config.interlock.num_modules,
-        split=split, input_shape=task.input_shape, width=config.network.resnet_width,
-        aux_head=config.network.aux_head,
-        synchronized_bn=synchronized_bn)
-  if config.network.model == "transformer":
+        network.resnet_preset, task.num_classes, num_modules, split=split,
+        input_shape=task.input_shape, width=network.resnet_width,
+        aux_head=aux_head, synchronized_bn=synchronized_bn)
+  if network.model == "transformer":
     return transformer.transformer_lm_modules(
-        task.num_classes, config.network.seq_len, config.network.num_layers, config.network.d_model,
-        config.network.num_heads, config.network.mlp_dim, config.interlock.num_modules, split=split)
+        task.num_classes, network.seq_len, network.num_layers,
+        network.d_model, network.num_heads, network.mlp_dim, num_modules,
+        split=split, aux_head=aux_head)
   # The MLP's split counts the hidden Dense layers of each module.
-  return mlp_modules(task.num_classes, config.interlock.num_modules, config.network.mlp_width,
-                     split)
+  return mlp_modules(task.num_classes, num_modules, network.mlp_width, split,
+                     aux_head=aux_head)
