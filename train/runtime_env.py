@@ -22,6 +22,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from train import stop_signals
+
 # absl's verbosity of INFO; below it (WARNING = -1) is quiet.
 _INFO = 0
 
@@ -210,7 +212,8 @@ _START_STDERR = []  # a copy of the original stderr's fd
 
 
 def _stopped_while_starting(signum, frame):
-  """SIGTERM/SIGINT before the binary's main: nothing is written yet."""
+  """SIGTERM/SIGHUP/SIGINT before the binary's main: nothing is written
+  yet."""
   del frame
   # fd 2 may be captured while TF loads (_import_tensorflow_quietly).
   os.write(_START_STDERR[0], (f"error: stopped ({signal.Signals(signum).name}) while "
@@ -225,7 +228,7 @@ def _guard_start_up():
   main = sys.modules.get("__main__")
   if getattr(main, "__package__", None) in ("train", "research"):
     _START_STDERR.append(os.dup(2))
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in stop_signals.STOPPING:
       signal.signal(signum, _stopped_while_starting)
 
 
