@@ -216,8 +216,12 @@ def _stopped_while_starting(signum, frame):
   yet."""
   del frame
   # fd 2 may be captured while TF loads (_import_tensorflow_quietly).
-  os.write(_START_STDERR[0], (f"error: stopped ({signal.Signals(signum).name}) while "
-               f"starting; nothing was written\n").encode())
+  line = (f"error: stopped ({signal.Signals(signum).name}) while starting; "
+          f"nothing was written\n")
+  try:
+    os.write(_START_STDERR[0], line.encode())
+  except OSError:
+    pass  # stderr is gone (a closed terminal: SIGHUP)
   os._exit(1)  # pylint: disable=protected-access
 
 
