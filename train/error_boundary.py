@@ -9,9 +9,12 @@
 
 Every binary's `main` is decorated with `guard`. A fault the user can
 act on (a bad value, a missing or unwritable file, a full disk, a TF I/O
-error, a stopped run, Ctrl-C, SIGTERM or SIGHUP) becomes `error: <one line>` on
-stderr and exit status 1, never a traceback. Anything else is a bug and
-keeps its traceback.
+error, a stopped run, Ctrl-C, SIGTERM or SIGHUP) becomes
+`error: <one line>` on stderr and exit status 1, never a traceback.
+Anything else is a bug and keeps its traceback. Before main, every text
+flag is checked (train/path_flags.py), and a binary's stdout and stderr
+are wrapped so that a closed reader stops its lines, not its work
+(train/closed_streams.py).
 
 SIGTERM and SIGHUP (a closed terminal; see train/stop_signals.py) are
 turned into an exception (`Terminated`) for the whole process, so that
@@ -141,9 +144,9 @@ _REPLACED_BY = re.compile(
 
 
 def signal_in(e):
-  """"SIGINT", "SIGTERM" or "SIGHUP" when `e` is pybind11's RuntimeError for a
-  signal's exception (KeyboardInterrupt or `Terminated`) that replaced the
-  one a TF C++ call was raising, else None."""
+  """"SIGINT", "SIGTERM" or "SIGHUP" when `e` is pybind11's RuntimeError
+  for a signal's exception (KeyboardInterrupt or `Terminated`) that
+  replaced the one a TF C++ call was raising, else None."""
   if not isinstance(e, RuntimeError):
     return None
   found = _REPLACED_BY.search(str(e))
