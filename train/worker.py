@@ -5,9 +5,9 @@ r"""One worker of a cluster: `python -m train.worker --cluster=... --task=i`.
 Starts TensorFlow's gRPC server (`tf.distribute.Server`) for task i of the
 "worker" job, prints one line when it accepts work, and serves until
 SIGTERM, SIGHUP or SIGINT (exit 0). The trainer (`python -m train.train
---placement=cluster --cluster=...`) connects to every worker and places module k's variables and
-ops on worker t(k); the workers keep no state of their own between runs, so
-a worker that died is simply started again. Without --cluster the worker
+--placement=cluster --cluster=...`) connects to every worker and places
+module k's variables and ops on worker t(k); the workers keep no state of
+their own between runs, so a worker that died is simply started again. Without --cluster the worker
 list and (without --task) this task's index come from TF_CONFIG.
 
 Threads: every op a module runs on this worker uses --intra_op_threads
