@@ -4,10 +4,13 @@ No processes: these read TF_CONFIG only (joining a job is tested with real
 processes in test_multi_worker_mirrored.py and test_cluster_replicas.py).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import socket
 import tempfile
+import time
 
 import pytest
 
@@ -45,9 +48,26 @@ def test_alone_without_a_task(monkeypatch):
   assert multi_worker.mode(config) is None
   assert multi_worker.is_chief(config)
   assert multi_worker.task_config(config) == (config, None)
-  # A TF_CONFIG naming only the cluster (a client's) makes no task either.
+  # A TF_CONFIG naming only the cluster is a client's under
+  # placement=cluster or tpu (one client drives every host): no task.
   monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": CLUSTER}))
-  assert multi_worker.mode(config) is None
+  for placement in ("cluster", "tpu"):
+    assert multi_worker.mode(_config(placement)) is None
+
+
+@pytest.mark.parametrize("placement", ["single", "simulated", "gpu"])
+def test_a_cluster_without_a_task_is_refused(monkeypatch, placement):
+  # Else the process would train alone, without a word (issue 46).
+  text = json.dumps({"cluster": CLUSTER})
+  monkeypatch.setenv("TF_CONFIG", text)
+  with pytest.raises(ValueError) as e:
+    multi_worker.task_config(_config(placement))
+  assert str(e.value) == (
+      'TF_CONFIG names a cluster (chief, worker) but no "task": this '
+      'process would train alone, not as one of its tasks; add "task": '
+      '{"type": "worker", "index": N} naming this process (every task runs '
+      'the same command), or unset TF_CONFIG to train alone; nothing was '
+      f'written. Received: TF_CONFIG={text!r}')
 
 
 def test_only_the_chief_keeps_model_dir(monkeypatch):
@@ -99,11 +119,53 @@ def test_join_gives_the_collectives_the_cluster_timeout(monkeypatch):
   monkeypatch.setattr(multi_worker.replicas_lib, "connect",
                       lambda **kwargs: calls.append(kwargs) or kwargs)
   _forget_the_join(monkeypatch)
-  _task(monkeypatch, "worker", 1)
-  config = dataclasses.replace(_config(placement="simulated"),
-                               cluster_timeout_s=7.5)
-  multi_worker.join(config)
+  with _listening_peers(monkeypatch, "worker", 1):
+    config = dataclasses.replace(_config(placement="simulated"),
+                                 cluster_timeout_s=7.5)
+    multi_worker.join(config)
   assert calls[0]["timeout_s"] == 7.5
+
+
+@contextlib.contextmanager
+def _listening_peers(monkeypatch, job, index):
+  """TF_CONFIG's task (job, index) of a chief and two workers on 127.0.0.1,
+  whose other tasks listen (join awaits them first:
+  cluster_checks.wait_for_peers); this task's own port is free."""
+  peers = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+  with contextlib.ExitStack() as stack:
+    for peer in peers:
+      stack.enter_context(peer)
+    addresses = [f"127.0.0.1:{p.getsockname()[1]}" for p in peers]
+    peers[(job == "worker") + index].close()
+    _task(monkeypatch, job, index, cluster={"chief": addresses[:1],
+                                            "worker": addresses[1:]})
+    yield
+
+
+def test_join_names_the_peers_that_do_not_listen(monkeypatch):
+  _forget_the_join(monkeypatch)
+  listening = socket.create_server(("127.0.0.1", 0))
+  with listening, socket.socket() as free:
+    free.bind(("127.0.0.1", 0))  # held, not listening: refuses
+    here = f"127.0.0.1:{listening.getsockname()[1]}"
+    silent = f"127.0.0.1:{free.getsockname()[1]}"
+    with socket.socket() as spare:
+      spare.bind(("127.0.0.1", 0))
+      own = f"127.0.0.1:{spare.getsockname()[1]}"  # free: its placeholder
+    _task(monkeypatch, "chief", 0, cluster={"chief": [own],
+                                            "worker": [here, silent]})
+    started = time.monotonic()
+    with pytest.raises(ConnectionError) as e:
+      multi_worker.join(dataclasses.replace(_config("single"),
+                                            cluster_timeout_s=1.0))
+  assert 1.0 <= time.monotonic() - started < 5.0
+  assert str(e.value) == (
+      f"TF_CONFIG's worker 1 ({silent}) did not listen within "
+      f"--cluster_timeout_s=1 s: every task of the job runs the same "
+      f"command with its own TF_CONFIG task; start it, or fix its address, "
+      f"and rerun; nothing was written. Received: TF_CONFIG cluster="
+      f"{own},{here},{silent}")
+  assert not multi_worker._JOINED  # pylint: disable=protected-access
 
 
 def test_a_checkpoint_in_model_dir_is_refused(monkeypatch, tmp_path):
@@ -153,8 +215,9 @@ def test_a_replicas_task_with_threads_per_device_joins_once(monkeypatch):
                      r"\.setup_runtime\(config\) joins.*placement=simulated"):
     train_lib.build(config)
   assert not calls
-  runtime_setup.setup_runtime(config)  # preflight.validate_for_run's
-  runtime_setup.setup_runtime(config)  # train_lib.run's
+  with _listening_peers(monkeypatch, "worker", 1):
+    runtime_setup.setup_runtime(config)  # preflight.validate_for_run's
+    runtime_setup.setup_runtime(config)  # train_lib.run's
   trainer, _, _ = train_lib.build(config)
   assert [call["intra_op_threads"] for call in calls] == [2]
   assert calls[0]["kind"] == "simulated" and calls[0]["num_modules"] == 2

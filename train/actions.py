@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tf_interlock import metric_names
 from train import run_lock
+from train import stop_signals
 
 
 class TrainingError(RuntimeError):
@@ -182,14 +183,15 @@ class TimeBudget:
 
 
 class Preemption:
-  """SIGTERM (a TPU preemption notice) or SIGINT (Ctrl-C): save and stop.
+  """SIGTERM (a TPU preemption notice), SIGHUP (a closed terminal) or SIGINT
+  (Ctrl-C): save and stop.
 
   The signal only sets a flag; the loop in flight finishes, then this
   action saves a checkpoint at its step and raises. A second SIGINT
   interrupts at once.
   """
 
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  SIGNALS = stop_signals.STOPPING
 
   def __init__(self, checkpointing):
     self.checkpointing = checkpointing

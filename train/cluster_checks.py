@@ -106,3 +106,77 @@ def describe_failure(error, spec, window_s=DEAD_WORKER_WINDOW_S):
             f"none; the last checkpoint is intact: restart the worker that "
             f"stopped {resume}")
   return None
+
+
+def _placeholder(address):
+  """A plain listener on this task's own `address`, or None when the port
+  cannot be bound (TF's server names that fault itself)."""
+  host, _, port = address.rpartition(":")
+  try:
+    info = socket.getaddrinfo(host.strip("[]"), int(port),
+                              type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(info[0], socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(info[4])
+    listener.listen(64)
+    listener.setblocking(False)
+    return listener
+  except OSError:
+    return None
+
+
+def wait_for_peers(peers, own, timeout_s, sleep=time.sleep):
+  """Waits, in Python, until every peer task's port accepts connections.
+
+  A task of a TF_CONFIG job cannot be stopped while TF's C++ joins the job:
+  creating a `MultiWorkerMirroredStrategy` waits for every task for an
+  hour, and replaces the SIGTERM handler (see train/stop_signals.py). So
+  each task first waits here, where the deadline holds and a signal is
+  acted on between two tries. Every task runs this before its TF server
+  starts, so each listens meanwhile on its own address with a plain socket
+  (closed on return, before TF binds the port), else two tasks would wait
+  for each other for good.
+
+  Args:
+    peers: {name: "host:port"} of the other tasks ("worker 0" -> address).
+    own: this task's "host:port".
+    timeout_s: --cluster_timeout_s.
+    sleep: waits between tries (time.sleep).
+
+  Raises:
+    ConnectionError: one line naming every task not listening in time.
+  """
+  listener = _placeholder(own)
+  waiting = dict(peers)
+  deadline = time.monotonic() + timeout_s
+  try:
+    while waiting:
+      if listener is not None:  # drop the peers' probes: a clean backlog
+        try:
+          while True:
+            listener.accept()[0].close()
+        except OSError:
+          pass
+      for name, address in list(waiting.items()):
+        if reachable(address, min(1.0, max(deadline - time.monotonic(),
+                                               0.1))):
+          del waiting[name]
+      if not waiting:
+        break
+      if time.monotonic() >= deadline:
+        names = ", ".join(f"{name} ({address})"
+                          for name, address in waiting.items())
+        raise ConnectionError(
+            f"TF_CONFIG's {names} did not listen within "
+            f"--cluster_timeout_s={timeout_s:g} s: every task of the job "
+            f"runs the same command with its own TF_CONFIG task; start it, "
+            f"or fix its address, and rerun; nothing was written. "
+            f"Received: TF_CONFIG cluster="
+            f"{','.join([own, *peers.values()])}")
+      sleep(0.25)
+    # A peer that saw this task's placeholder may still be waiting for
+    # another: keep listening a moment, so that it sees this task too.
+    sleep(0.5)
+  finally:
+    if listener is not None:
+      listener.close()

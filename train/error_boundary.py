@@ -10,14 +10,17 @@
 Every binary's `main` is decorated with `guard`. Before `main` runs, it
 refuses a stray positional argument, a list flag with an empty entry and
 a numeric flag outside the bounds its help states (`train.flag_bounds`).
-A fault the user can
-act on (a bad value, a missing or unwritable file, a full disk, a TF I/O
-error, a stopped run, Ctrl-C or SIGTERM) becomes `error: <one line>` on
-stderr and exit status 1, never a traceback. Anything else is a bug and
-keeps its traceback.
+A fault the user can act on (a bad value, a missing or unwritable file, a full disk, a TF I/O
+error, a stopped run, Ctrl-C, SIGTERM or SIGHUP) becomes
+`error: <one line>` on stderr and exit status 1, never a traceback.
+Anything else is a bug and keeps its traceback. Before main, every text
+flag is checked (train/path_flags.py), and a binary's stdout and stderr
+are wrapped so that a closed reader stops its lines, not its work
+(train/closed_streams.py).
 
-SIGTERM is turned into an exception (`Terminated`) for the whole process,
-so that it unwinds like Ctrl-C: every `finally` runs, which releases the
+SIGTERM and SIGHUP (a closed terminal; see train/stop_signals.py) are
+turned into an exception (`Terminated`) for the whole process, so that
+they unwind like Ctrl-C: every `finally` runs, which releases the
 run lock and removes an export's temporary folder. The training loop's own
 handler (`train.actions.Preemption`) replaces it while the loop runs and
 saves a checkpoint first. Python delivers a signal between two bytecodes:
@@ -56,8 +59,11 @@ import tensorflow as tf
 
 from tf_interlock import op_errors
 from train import actions
+from train import closed_streams
 from train import flag_bounds
+from train import path_flags
 from train import python_private
+from train import stop_signals
 from train import stop_watchdog
 
 # A longer line is cut in its middle: TF's statuses can run to many kB, while
@@ -65,20 +71,30 @@ from train import stop_watchdog
 # and end with what to do, so the head and the tail are both kept.
 _MAX_CHARS = 2000
 _TAIL_CHARS = 500
+# A word (no blank) longer than this is shortened to its two ends first.
+_LONG_WORD = re.compile(r"\S{300,}")
+_WORD_KEEP = 100
 
 
 class Terminated(BaseException):
-  """SIGTERM arrived; unwinds like KeyboardInterrupt (not an Exception)."""
+  """SIGTERM or SIGHUP arrived; unwinds like KeyboardInterrupt (not an
+  Exception)."""
 
   def __init__(self, signum):
     super().__init__(signal.Signals(signum).name)
     self.signum = signum
 
 
+# The last terminating signal raised as `Terminated` (for `signal_in`).
+_RAISED = [signal.SIGTERM]
+
+
 def _raise_terminated(signum, frame):
   del frame
+  _RAISED[0] = signum
   # A second SIGTERM while cleaning up must not cut the cleanup short.
-  signal.signal(signum, signal.SIG_IGN)
+  for each in stop_signals.TERMINATING:
+    signal.signal(each, signal.SIG_IGN)
   raise Terminated(signum)
 
 
@@ -87,6 +103,12 @@ def first_line(text):
   length: in TF's "Graph execution error:" text, the kernel's own message
   after the traces of the nodes it names (`op_errors.kernel_message`)."""
   line = op_errors.kernel_message(text)
+  if len(line) <= _MAX_CHARS:
+    return line
+  # Long words first (paths near PATH_MAX): their middles go, so that the
+  # reason between them stays in the line.
+  line = _LONG_WORD.sub(
+      lambda m: f"{m.group()[:_WORD_KEEP]}...{m.group()[-_WORD_KEEP:]}", line)
   if len(line) <= _MAX_CHARS:
     return line
   return (line[:_MAX_CHARS - _TAIL_CHARS - 5] + " ... " +
@@ -109,6 +131,15 @@ def _os_error_line(e):
   return f"{what}: {where or '(no path)'}" + (f" ({hint})" if hint else "")
 
 
+def _cwd_gone():
+  """Whether this process's working directory was removed."""
+  try:
+    os.getcwd()
+    return False
+  except FileNotFoundError:
+    return True
+
+
 # pybind11's text when a signal's exception replaced the one a C++ call
 # was raising (its error_already_set, "MISMATCH ... REPLACED BY <type>").
 _REPLACED_BY = re.compile(
@@ -116,15 +147,17 @@ _REPLACED_BY = re.compile(
 
 
 def signal_in(e):
-  """"SIGINT" or "SIGTERM" when `e` is pybind11's RuntimeError for a
-  signal's exception (KeyboardInterrupt or `Terminated`) that replaced the
-  one a TF C++ call was raising, else None."""
+  """"SIGINT", "SIGTERM" or "SIGHUP" when `e` is pybind11's RuntimeError
+  for a signal's exception (KeyboardInterrupt or `Terminated`) that
+  replaced the one a TF C++ call was raising, else None."""
   if not isinstance(e, RuntimeError):
     return None
   found = _REPLACED_BY.search(str(e))
   if not found:
     return None
-  return "SIGINT" if found.group(1) == "KeyboardInterrupt" else "SIGTERM"
+  if found.group(1) == "KeyboardInterrupt":
+    return "SIGINT"
+  return stop_signals.name(_RAISED[0])
 
 
 def describe(e):
@@ -148,6 +181,11 @@ def describe(e):
       line += " (a symlink loop: fix the link or pick another folder)"
     return line
   if isinstance(e, OSError) and e.strerror:
+    if not e.filename and e.errno == errno.ENOENT and _cwd_gone():
+      return ("the working directory no longer exists (it was deleted or "
+              "moved while this binary ran or before it started), and "
+              "relative paths are read from it: cd to an existing folder, "
+              "or give absolute paths, and rerun")
     return _os_error_line(e)
   if isinstance(e, (ValueError, OSError, actions.TrainingError)):
     return first_line(e)
@@ -190,7 +228,8 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
 
     @functools.wraps(main)
     def guarded(argv):
-      previous = signal.signal(signal.SIGTERM, _raise_terminated)
+      previous = {s: signal.signal(s, _raise_terminated)
+                  for s in stop_signals.TERMINATING}
       previous_int = signal.getsignal(signal.SIGINT)
       if previous_int is not signal.default_int_handler and (
           main.__module__ == "__main__"):  # runtime_env's start-up handler
@@ -200,7 +239,13 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
       # Only for a binary's own main (not a main called inside a test).
       if main.__module__ == "__main__":
         stop_watchdog.start(interrupted)
+        # A closed stdout (`| head -1`) or terminal stops the lines, not
+        # the run (train/closed_streams.py).
+        closed_streams.install()
       try:
+        flag_line = path_flags.problem_in_flags()
+        if flag_line:
+          _fail(flag_line)
         if len(argv) > 1:  # before main: a stray word must not start a run
           _fail(f"Unexpected arguments: {argv[1:]}: this binary takes no "
                 f"positional arguments, only --name=value flags (see "
@@ -223,7 +268,8 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
           _fail(f"stopped ({signum}); {interrupted}", _STOPPED)
         line = describe(e)
         if isinstance(e, actions.TrainingError) and str(e).startswith(
-            ("SIGTERM at step", "SIGINT at step")):
+            tuple(f"{stop_signals.name(signum)} at step "
+                  for signum in stop_signals.STOPPING)):
           _fail(line, _STOPPED)  # the training loop saved and stopped
         if line is None:
           if not hard_exit:
@@ -232,7 +278,8 @@ def guard(interrupted="nothing was left half-written", hard_exit=False):
           _leave(1)
         _fail(line, hard_exit)
       finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+          signal.signal(signum, handler)
 
     return guarded
 

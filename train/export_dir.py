@@ -73,8 +73,11 @@ def _owned(directory, owner):
 
 # Characters the temporary sibling `.<name>.tmp-<12 hex>` adds to the name.
 _SIBLING_EXTRA = len("..tmp-") + 12
-# The deepest file a SavedModel writes below the export, with its "/".
-_DEEPEST = len("/variables/variables.data-00000-of-00001")
+# The deepest file a SavedModel writes below the export, with its "/":
+# TF's temporary shard while it saves the variables (a 19-digit random
+# number ends it).
+_DEEPEST = len("/variables/variables_temp/part-00000-of-00001.data-00000-of-"
+               "00001.tempstate") + 20
 
 
 def _check_local_path(export_dir, name, received):

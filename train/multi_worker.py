@@ -29,10 +29,13 @@ import tempfile
 import tensorflow as tf
 
 from tf_interlock import replicas as replicas_lib
+from train import cluster_checks
 from train import config as config_lib
 from train import owned_dir
 from train import paths
 from train import placement_runtime
+from train import stop_signals
+from train import stop_watchdog
 
 _TEMP_PREFIX = "tf_interlock_task_"
 # The non-chief model_dirs `task_config` made in this process.
@@ -90,9 +93,32 @@ def _tf_config():
   return value
 
 
+def _check_task(config, value):
+  """Refuses a TF_CONFIG that names a cluster but not this process's task:
+  it would train alone, without a word. placement=cluster and tpu read
+  only the cluster (one client drives every host)."""
+  jobs = value.get("cluster") or {}
+  if value.get("task") or config.devices.placement in ("cluster", "tpu"):
+    return
+  if jobs.get("chief") or jobs.get("worker"):
+    text = os.environ.get("TF_CONFIG", "")
+    raise ValueError(
+        f'TF_CONFIG names a cluster ({", ".join(sorted(jobs))}) but no '
+        f'"task": this process would train alone, not as one of its tasks; '
+        f'add "task": {{"type": "worker", "index": N}} naming this process '
+        f"(every task runs the same command), or unset TF_CONFIG to train "
+        f"alone; nothing was written. Received: TF_CONFIG={text[:200]!r}")
+
+
 def mode(config):
-  """"mirrored", "replicas" or None (this process trains alone)."""
-  task = _tf_config().get("task") or {}
+  """"mirrored", "replicas" or None (this process trains alone).
+
+  Raises:
+    ValueError: TF_CONFIG is malformed, or names a cluster but no task.
+  """
+  value = _tf_config()
+  _check_task(config, value)
+  task = value.get("task") or {}
   if task.get("type") not in ("chief", "worker"):
     return None
   if config_lib.runtime_of(config).data_parallel:
@@ -151,16 +177,43 @@ def join(config, intra_op_threads=1):
     return None
   if job not in _JOINED:
     kind, num_modules, timeout_s = job
-    if kind == "mirrored":
-      _JOINED[job] = None, None, tf.distribute.MultiWorkerMirroredStrategy()
-    else:
-      # A collective waits --cluster_timeout_s for its peers: a dead peer
-      # then fails the step instead of hanging every other task.
-      _JOINED[job] = replicas_lib.connect(
-          num_modules=num_modules, kind=kind, timeout_s=timeout_s,
-          intra_op_threads=intra_op_threads
-          if placement_runtime.of(kind).splits_host_cpu else 1)
+    # TF's join waits for every task for an hour and does not act on
+    # SIGTERM meanwhile: the peers are awaited first, with the deadline
+    # (cluster_checks.wait_for_peers), and what is left of TF's join is
+    # bounded by the watchdog.
+    own, peers = _addresses()
+    cluster_checks.wait_for_peers(peers, own, timeout_s)
+    with stop_watchdog.bounded(
+        timeout_s, f"joining TF_CONFIG's job once its {len(peers) + 1} "
+        f"tasks listened (--cluster_timeout_s={timeout_s:g})"):
+      if kind == "mirrored":
+        _JOINED[job] = (None, None,
+                        tf.distribute.MultiWorkerMirroredStrategy())
+      else:
+        # A collective waits --cluster_timeout_s for its peers: a dead
+        # peer then fails the step instead of hanging every other task.
+        _JOINED[job] = replicas_lib.connect(
+            num_modules=num_modules, kind=kind, timeout_s=timeout_s,
+            intra_op_threads=intra_op_threads
+            if placement_runtime.of(kind).splits_host_cpu else 1)
+    # TF's C++ took SIGTERM over (its preemption notifier): give it back.
+    stop_signals.reinstall()
   return _JOINED[job]
+
+
+def _addresses():
+  """(this task's "host:port", {"worker 1": "host:port", ...} of the
+  other tasks of TF_CONFIG's chief and worker jobs)."""
+  value = _tf_config()
+  task = value["task"]
+  own, peers = None, {}
+  for kind in ("chief", "worker"):
+    for index, address in enumerate(value["cluster"].get(kind, [])):
+      if kind == task["type"] and index == int(task.get("index", 0)):
+        own = address
+      else:
+        peers[f"{kind} {index}"] = address
+  return own, peers
 
 
 def joined(config):

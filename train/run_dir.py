@@ -337,7 +337,15 @@ class RunDir:
         raise ValueError(f"{name}={target} lies in the run's {entry}; use "
                          f"model_dir/{EXPORT} or a separate directory. "
                          f"{received}")
-    export_dir_lib.check_export_target(target, self.run_id(), name=name)
+    try:
+      export_dir_lib.check_export_target(target, self.run_id(), name=name)
+    except ValueError as e:
+      if export_dir:
+        raise
+      # The user named no export folder: name the flag they gave.
+      raise ValueError(
+          f"--model_dir's default export folder ({EXPORT} in it; "
+          f"--export_dir was not given) cannot be written: {e}") from None
     return target
 
   def complete_checkpoints(self):

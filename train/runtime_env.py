@@ -22,6 +22,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from train import stop_signals
+
 # absl's verbosity of INFO; below it (WARNING = -1) is quiet.
 _INFO = 0
 
@@ -210,11 +212,16 @@ _START_STDERR = []  # a copy of the original stderr's fd
 
 
 def _stopped_while_starting(signum, frame):
-  """SIGTERM/SIGINT before the binary's main: nothing is written yet."""
+  """SIGTERM/SIGHUP/SIGINT before the binary's main: nothing is written
+  yet."""
   del frame
   # fd 2 may be captured while TF loads (_import_tensorflow_quietly).
-  os.write(_START_STDERR[0], (f"error: stopped ({signal.Signals(signum).name}) while "
-               f"starting; nothing was written\n").encode())
+  line = (f"error: stopped ({signal.Signals(signum).name}) while starting; "
+          f"nothing was written\n")
+  try:
+    os.write(_START_STDERR[0], line.encode())
+  except OSError:
+    pass  # stderr is gone (a closed terminal: SIGHUP)
   os._exit(1)  # pylint: disable=protected-access
 
 
@@ -225,7 +232,7 @@ def _guard_start_up():
   main = sys.modules.get("__main__")
   if getattr(main, "__package__", None) in ("train", "research"):
     _START_STDERR.append(os.dup(2))
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in stop_signals.STOPPING:
       signal.signal(signum, _stopped_while_starting)
 
 

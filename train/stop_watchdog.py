@@ -279,7 +279,10 @@ class Watchdog:
   def _stop(self, line):
     """Prints `line` (unless the binary said its own), then kills it."""
     if not self.facts.get("said"):
-      print(f"error: {line}", file=self.out, flush=True)
+      try:
+        print(f"error: {line}", file=self.out, flush=True)
+      except OSError:
+        pass  # stderr is gone (a closed terminal: SIGHUP); stop it anyway
     try:
       os.kill(self.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -3,11 +3,11 @@ r"""One worker of a cluster: `python -m train.worker --cluster=... --task=i`.
   python -m train.worker --cluster=10.0.0.1:2222,10.0.0.2:2222 --task=0
 
 Starts TensorFlow's gRPC server (`tf.distribute.Server`) for task i of the
-"worker" job, prints one line when it accepts work, and serves until SIGTERM
-or SIGINT (exit 0). The trainer (`python -m train.train --placement=cluster
---cluster=...`) connects to every worker and places module k's variables and
-ops on worker t(k); the workers keep no state of their own between runs, so
-a worker that died is simply started again. Without --cluster the worker
+"worker" job, prints one line when it accepts work, and serves until
+SIGTERM, SIGHUP or SIGINT (exit 0). The trainer (`python -m train.train
+--placement=cluster --cluster=...`) connects to every worker and places
+module k's variables and ops on worker t(k); the workers keep no state of
+their own between runs, so a worker that died is simply started again. Without --cluster the worker
 list and (without --task) this task's index come from TF_CONFIG.
 
 Threads: every op a module runs on this worker uses --intra_op_threads
@@ -35,6 +35,7 @@ from absl import app
 from absl import flags
 
 from train import error_boundary
+from train import stop_signals
 
 _CLUSTER = flags.DEFINE_string(
     "cluster", None, "Comma-separated host:port of every worker, in task "
@@ -141,8 +142,8 @@ def run():
         f"--task must name one of the {len(addresses)} workers of the "
         f"cluster (0..{len(addresses) - 1}). Received: task={task}")
   check_address(addresses[task], task)
-  signal.signal(signal.SIGTERM, _stop)
-  signal.signal(signal.SIGINT, _stop)
+  for signum in stop_signals.STOPPING:  # SIGHUP: a closed terminal
+    signal.signal(signum, _stop)
   server = start_server(addresses, task, _INTRA.value, _INTER.value)
   print(f"worker task {task} of {len(addresses)} ready at {addresses[task]} "
         f"({server.target}; intra_op_threads={_INTRA.value}, "
