@@ -39,9 +39,16 @@ def mlp_modules(num_classes, num_modules, width, split=None,
             for _ in range(layers)]
     if last:
       body.append(keras.layers.Dense(num_classes))
-    head = None if last else aux_heads.make_aux_head(
-        aux_head, num_classes, (None, width), output_shape=(None, num_classes),
-        name=f"aux_head{k + 1}")
+    if last:
+      head = None
+    elif aux_head == "linear":
+      # The MLP's own head, one bare Dense as before --aux_head reached the
+      # MLP: the checkpoints of earlier runs hold it so, and resume.
+      head = keras.layers.Dense(num_classes, name=f"aux_head{k + 1}")
+    else:
+      head = aux_heads.make_aux_head(
+          aux_head, num_classes, (None, width),
+          output_shape=(None, num_classes), name=f"aux_head{k + 1}")
     modules.append(InterlockModule(body, aux_head=head, name=f"mlp{k + 1}"))
   return modules
 
@@ -55,6 +62,18 @@ def aux_head_kind(config):
   per network)."""
   kind = config.network.aux_head
   return AUTO_AUX_HEAD[config.network.model] if kind == "auto" else kind
+
+
+def same_aux_head(saved_kind, config):
+  """Whether a run recorded with --aux_head=`saved_kind` has the aux heads
+  `config` builds: the same kind once "auto" is resolved, or a run made
+  before --aux_head reached the MLP and the Transformer, which recorded the
+  flag's old default "authors" and built the network's own head."""
+  own = AUTO_AUX_HEAD[config.network.model]
+  if saved_kind == "auto" or (saved_kind == "authors"
+                              and config.network.model != "resnet"):
+    saved_kind = own
+  return saved_kind == aux_head_kind(config)
 
 
 def make_modules(config, task, synchronized_bn=True):

@@ -182,6 +182,9 @@ def check_run(config, run):
   run.check_layout()
   run.check_nesting()
   current = json.loads(config.to_json())
+  saved = run.read_config() or {}
+  if networks.same_aux_head(saved.get("aux_head"), config):
+    current["aux_head"] = saved["aux_head"]  # the same heads, named another way
   run.check_same(current, ARCHITECTURE_FIELDS,
                  "its checkpoints hold that architecture")
   latest = run.latest_checkpoint(config.run.resume_from)
