@@ -114,7 +114,8 @@ _INPUTS = {"mlp": tf.random.normal([2, 6]),
 
 @pytest.mark.parametrize("model", sorted(_TASKS))
 def test_a_new_aux_head_kind_reaches_every_network(probe_kind, model):
-  text = {"dataset": "fortunes"} if model == "transformer" else {}
+  text = {"transformer": {"dataset": "fortunes"},
+          "mlp": {"dataset": "synthetic"}}.get(model, {})
   config = config_lib.Config(model=model, aux_head="probe", num_modules=2,
                              seq_len=4, num_layers=2, d_model=8,
                              num_heads=2, mlp_dim=8, mlp_width=8, **text)
@@ -126,6 +127,30 @@ def test_a_new_aux_head_kind_reaches_every_network(probe_kind, model):
   logits = head(h)
   per_position = model == "transformer"
   assert logits.shape == ((2, 4, 7) if per_position else (2, 5))
+
+
+@pytest.mark.parametrize("model,saved,given,same", [
+    ("resnet", "authors", "auto", True),   # the old default, the same head
+    ("resnet", "pool", "auto", False),
+    ("mlp", "authors", "auto", True),      # recorded before --aux_head
+    ("transformer", "authors", "auto", True),  # reached these networks
+    ("mlp", "authors", "linear", True),
+    ("mlp", "auto", "probe", False),
+    (None, None, "auto", False),           # nothing recorded
+])
+def test_a_run_recorded_before_aux_head_reached_every_network_resumes(
+    probe_kind, model, saved, given, same):
+  del probe_kind  # registers "probe"
+  text = {"dataset": "fortunes"} if model == "transformer" else {}
+  config = config_lib.Config(model=model or "mlp", aux_head=given, **text)
+  assert networks.same_aux_head(saved, config) is same
+
+
+def test_the_mlp_keeps_its_bare_dense_head():
+  # The checkpoints of earlier MLP runs hold module k's head as one Dense.
+  config = config_lib.Config(model="mlp", num_modules=2, mlp_width=8)
+  head = networks.make_modules(config, _TASKS["mlp"])[0].aux_head
+  assert type(head) is keras.layers.Dense and head.name == "aux_head1"
 
 
 def test_a_new_aux_head_kind_trains_through_the_trainer(probe_kind):
