@@ -143,10 +143,20 @@ def _from_config(config, custom_objects):
 
 
 def _layer_classes(model):
-  """{class name: class} of every layer in `model`, nested ones included."""
+  """{class name: class} of every non-Keras layer in `model`, nested ones
+  included.
+
+  Keras's own classes are left out: a config finds them by module path, and
+  a built-in layer's registered name is its bare class name, which a raw
+  Operation of another class shares (the layer `keras.layers.Add` and the
+  `x + 3.0` of MobileNetV3's hard-swish, `keras.ops.numpy.Add`, are both
+  "Add"): given here, it would turn the Operation into the layer.
+  """
   classes = {}
   for layer in keras_private.flatten_layers(model):
     cls = layer.__class__
+    if cls.__module__.split(".")[0] == "keras":
+      continue
     classes[keras.saving.get_registered_name(cls)] = cls
     classes.setdefault(cls.__name__, cls)
   return classes

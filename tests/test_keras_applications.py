@@ -1,0 +1,112 @@
+"""keras.applications models as their users build them, through from_keras.
+
+Each case is the transfer-learning idiom (an `include_top=False` base nested
+in a small model with a head of one's own) or the application itself: it
+must split, train exactly as plain Keras does under "e2e", reload from a
+`.keras` file and export with equal predictions.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_interlock as ti
+
+BATCH = 4
+CLASSES = 5
+
+
+def images(size, num=2 * BATCH, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.uniform(0, 255, size=(num, size, size, 3)).astype("float32")
+  return x, rng.integers(0, CLASSES, size=num).astype("int32")
+
+
+def nested(base_fn, size, preprocess=None):
+  """A builder of `base_fn`'s base nested in a model with a Dense head."""
+  def build():
+    keras.utils.set_random_seed(0)
+    base = base_fn(weights=None, include_top=False,
+                   input_shape=(size, size, 3))
+    inputs = keras.Input((size, size, 3))
+    h = base(preprocess(inputs) if preprocess else inputs)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES)(h))
+  return build
+
+
+def flat(app_fn, size, **kwargs):
+  """A builder of the application itself, its own classifier on top."""
+  def build():
+    keras.utils.set_random_seed(0)
+    return app_fn(weights=None, input_shape=(size, size, 3),
+                  classes=CLASSES, classifier_activation=None, **kwargs)
+  return build
+
+
+def assert_splits_trains_reloads_and_exports(build, size, num_modules,
+                                             tmp_path, rtol=1e-5,
+                                             atol=1e-4):
+  """e2e fit of the split model equals plain Keras fit; the trained model
+  reloads from .keras and exports with the same predictions."""
+  x, y = images(size)
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  plain = build()
+  plain.compile(keras.optimizers.Adam(1e-3), loss)
+  want = plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                   verbose=0)
+  modules = ti.from_keras(build(), num_modules)
+  assert len(modules) == num_modules
+  model = ti.InterlockModel(modules, strategy="e2e", placement="simulated")
+  model.compile(keras.optimizers.Adam(1e-3), loss)
+  got = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                  verbose=0)
+  np.testing.assert_allclose(got.history["loss"], want.history["loss"],
+                             rtol=rtol)
+  predicted = model.predict(x, verbose=0)
+  np.testing.assert_allclose(predicted, plain.predict(x, verbose=0),
+                             rtol=rtol, atol=atol)
+  path = str(tmp_path / "m.keras")
+  model.save(path)
+  restored = keras.models.load_model(path)
+  np.testing.assert_allclose(restored.predict(x, verbose=0), predicted,
+                             rtol=1e-6, atol=1e-6)
+  served = tf.saved_model.load(model.export_saved_model(
+      str(tmp_path / "export"))).signatures["serving_default"]
+  np.testing.assert_allclose(served(inputs=tf.constant(x))["logits"],
+                             predicted, rtol=1e-5, atol=1e-5)
+
+
+def test_mobilenet_v3_small_nested_hard_swish_operations_split_and_train(
+    tmp_path):
+  # MobileNetV3's hard-swish is `x * relu6(x + 3.0) * (1 / 6)`: raw
+  # Operations with a Python constant operand, named "add" and "multiply"
+  # as the merge layers are.
+  build = nested(lambda **kw: keras.applications.MobileNetV3Small(
+      alpha=0.5, **kw), 64)
+  assert_splits_trains_reloads_and_exports(build, 64, 3, tmp_path)
+
+
+def test_mobilenet_v3_small_with_one_module(tmp_path):
+  build = flat(keras.applications.MobileNetV3Small, 64, alpha=0.5,
+               include_preprocessing=True)
+  assert_splits_trains_reloads_and_exports(build, 64, 1, tmp_path)
+
+
+@pytest.mark.slow
+def test_mobilenet_v3_large_flat(tmp_path):
+  build = flat(keras.applications.MobileNetV3Large, 64, alpha=0.75)
+  assert_splits_trains_reloads_and_exports(build, 64, 4, tmp_path)
+
+
+@pytest.mark.slow
+def test_convnext_tiny_nested_as_a_base(tmp_path):
+  build = nested(keras.applications.ConvNeXtTiny, 32)
+  assert_splits_trains_reloads_and_exports(build, 32, 4, tmp_path)
+
+
+@pytest.mark.slow
+def test_efficientnet_v2_b0_nested_as_a_base(tmp_path):
+  build = nested(keras.applications.EfficientNetV2B0, 64)
+  assert_splits_trains_reloads_and_exports(build, 64, 4, tmp_path)
