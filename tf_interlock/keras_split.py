@@ -345,13 +345,25 @@ def _dense_like_flops(layer, in_shape, out_shape):
   return 0
 
 
+def _known(shape):
+  """A shape with each unknown dimension counted as 1.
+
+  An unknown dimension past the batch axis is, in practice, the sequence
+  length of a model that takes any length (a keras_hub backbone's
+  `(None,)` inputs): every layer's cost is proportional to it, so counting
+  it as 1 scales all costs alike and leaves the balance as it is.
+  """
+  return tuple(1 if d is None else int(d) for d in shape)
+
+
 def layer_flops(layer, node=None):
   """Estimated forward FLOPs of one example through a built layer.
 
   Dense and convolution layers count 2 x multiply-adds; a layer with a
   `flops(input_shape)` method (e.g. `layers.resnet` blocks) reports its own;
   a nested model sums its layers; anything else (BN, activations, pooling,
-  additions: a few operations per activation) counts 0.
+  additions: a few operations per activation) counts 0. An unknown
+  dimension (a sequence length of None) counts as 1 (`_known`).
 
   Args:
     layer: a layer of a built functional or Sequential model.
@@ -361,14 +373,27 @@ def layer_flops(layer, node=None):
     An int.
   """
   node = node or keras_private.inbound_nodes(layer)[0]
-  in_shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
-  out_shape = tuple(node.output_tensors[0].shape)
+  in_shape = _known(node.input_tensors[0].shape) if node.input_tensors else ()
+  out_shape = _known(node.output_tensors[0].shape)
   if hasattr(layer, "flops"):
     return int(layer.flops(in_shape[1:]))
   if isinstance(layer, keras.Model) and hasattr(layer, "layers"):
     return sum(layer_flops(inner) for inner in layer.layers
                if not isinstance(inner, keras.layers.InputLayer))
   return int(_dense_like_flops(layer, in_shape, out_shape))
+
+
+def _flops(layer, node):
+  """`layer_flops`, or one line naming the layer and the balance to pass."""
+  try:
+    return layer_flops(layer, node)
+  except (TypeError, ValueError) as e:
+    shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
+    raise ValueError(
+        f"Cannot estimate the FLOPs of layer {layer.name!r} (input shape "
+        f"{shape}: {e}); pass balance='params', balance='time' with "
+        f"sample= (a batch of inputs), or split=. "
+        f"Received: balance='flops'") from e
 
 
 def _timed_costs(pieces, sample, custom_objects):
@@ -537,10 +562,16 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
           raise ValueError(
               f"balance='time' on a model with several inputs needs "
               f"sample= (a batch of them). Received: sample=None")
-        sample = tf.random.normal([32] + list(graph.inputs[0].shape[1:]))
+        shape = tuple(graph.inputs[0].shape[1:])
+        if None in shape:
+          raise ValueError(
+              f"balance='time' on a model whose input shape {shape} has an "
+              f"unknown dimension needs sample= (a batch of inputs). "
+              f"Received: sample=None")
+        sample = tf.random.normal((32,) + shape)
       costs = _timed_costs(pieces, sample, _layer_classes(graph))
     else:
-      per_layer = [layer_flops(layer, node) if balance == "flops"
+      per_layer = [_flops(layer, node) if balance == "flops"
                    else keras_nodes.count_params(layer)
                    for layer, node in zip(layers, nodes)]
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
