@@ -175,11 +175,23 @@ def _checked_graph(model):
         f"with keras.Input(...) or a functional model (a subclassed model "
         f"has no graph to cut). Received: model={model.name!r}")
   if len(graph.outputs) != 1:
+    # Why one output, and what to do instead: docs/keras.md, "Several
+    # outputs".
     raise ValueError(
-        f"from_keras splits models with one output (the last module's "
-        f"logits). Received: {len(graph.outputs)} outputs in "
-        f"model={model.name!r}")
+        f"from_keras splits models with one output (every exit is one "
+        f"logits tensor); model {model.name!r} has {len(graph.outputs)}: "
+        f"{_output_names(graph)}. Concatenate them into one output and "
+        f"compile with one loss over its slices (docs/keras.md, \"Several "
+        f"outputs\"). Received: model={model.name!r}")
   return graph
+
+
+def _output_names(graph):
+  """A model's outputs as the user named them: a dict's keys, else the
+  layers that make them."""
+  if isinstance(graph.output, dict):
+    return list(graph.output)
+  return [keras_private.keras_history(t)[0].name for t in graph.outputs]
 
 
 def _graph(model):
