@@ -89,7 +89,7 @@ def test_gpt2_backbone_of_any_length_splits_trains_and_reloads(tmp_path):
   want = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
                    verbose=0)
   modules = ti.from_keras(gpt2_any_length(), 3)
-  # The transformer layers, equal in cost, are dealt evenly.
+  # The four transformer layers are dealt two and two.
   assert [sum(n.startswith("transformer_layer") for n in m.layer_names)
           for m in modules] == [0, 2, 2], [m.layer_names for m in modules]
   model = ti.InterlockModel(modules, strategy="e2e", placement="simulated")
