@@ -24,11 +24,18 @@ def images(size, num=2 * BATCH, seed=0):
 
 
 def nested(base_fn, size, preprocess=None):
-  """A builder of `base_fn`'s base nested in a model with a Dense head."""
+  """A builder of `base_fn`'s base nested in a model with a Dense head.
+
+  The base's Dropout layers (EfficientNet's stochastic depth) get rate 0:
+  plain Keras and the split model draw other masks.
+  """
   def build():
     keras.utils.set_random_seed(0)
     base = base_fn(weights=None, include_top=False,
                    input_shape=(size, size, 3))
+    for layer in base.layers:
+      if isinstance(layer, keras.layers.Dropout):
+        layer.rate = 0.0
     inputs = keras.Input((size, size, 3))
     h = base(preprocess(inputs) if preprocess else inputs)
     h = keras.layers.GlobalAveragePooling2D()(h)
