@@ -148,5 +148,8 @@ def test_convnext_tiny_nested_as_a_base(tmp_path):
 @pytest.mark.slow
 def test_efficientnet_v2_b0_nested_as_a_base(tmp_path):
   build = nested(keras.applications.EfficientNetV2B0, 64)
+  # Float32 round-off over 4 module boundaries of a 270-layer network with
+  # BN and squeeze-excite in every block: 3e-5 apart after two Adam steps
+  # (its stochastic depth left at 0.2 made it 2e-2).
   assert_splits_trains_reloads_and_exports(build, 64, 4, tmp_path,
-                                           export=False)
+                                           rtol=1e-4, export=False)
