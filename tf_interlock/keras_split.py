@@ -198,10 +198,20 @@ def _from_config(config, custom_objects):
 
 
 def _layer_classes(model):
-  """{class name: class} of every layer in `model`, nested ones included."""
+  """{class name: class} of every non-Keras layer in `model`, nested ones
+  included.
+
+  Keras's own classes are left out: a config finds them by module path, and
+  a built-in layer's registered name is its bare class name, which a raw
+  Operation of another class shares (the layer `keras.layers.Add` and the
+  `x + 3.0` of MobileNetV3's hard-swish, `keras.ops.numpy.Add`, are both
+  "Add"): given here, it would turn the Operation into the layer.
+  """
   classes = {}
   for layer in keras_private.flatten_layers(model):
     cls = layer.__class__
+    if cls.__module__.split(".")[0] == "keras":
+      continue
     classes[keras.saving.get_registered_name(cls)] = cls
     classes.setdefault(cls.__name__, cls)
   return classes
@@ -220,10 +230,14 @@ def _checked_graph(model):
         f"with keras.Input(...) or a functional model (a subclassed model "
         f"has no graph to cut). Received: model={model.name!r}")
   if len(graph.outputs) != 1:
+    # Why one output, and what to do instead: docs/keras.md, "Several
+    # outputs".
     raise ValueError(
-        f"from_keras splits models with one output (the last module's "
-        f"logits). Received: {len(graph.outputs)} outputs in "
-        f"model={model.name!r}")
+        f"from_keras splits models with one output (every exit is one "
+        f"logits tensor); model {model.name!r} has {len(graph.outputs)}: "
+        f"{_output_names(graph)}. Concatenate them into one output and "
+        f"compile with one loss over its slices (docs/keras.md, \"Several "
+        f"outputs\"). Received: model={model.name!r}")
   return graph
 
 
@@ -258,6 +272,14 @@ def _raise_if_a_config_fails(model, error):
           f"{type(e).__name__}: {str(e).strip().splitlines()[0]} (a bug of "
           f"that class: get_config must return its constructor's "
           f"arguments). Received: model={model.name!r}") from error
+
+
+def _output_names(graph):
+  """A model's outputs as the user named them: a dict's keys, else the
+  layers that make them."""
+  if isinstance(graph.output, dict):
+    return list(graph.output)
+  return [keras_private.keras_history(t)[0].name for t in graph.outputs]
 
 
 def _graph(model):
@@ -423,13 +445,25 @@ def _dense_like_flops(layer, in_shape, out_shape):
   return 0
 
 
+def _known(shape):
+  """A shape with each unknown dimension counted as 1.
+
+  An unknown dimension past the batch axis is, in practice, the sequence
+  length of a model that takes any length (a keras_hub backbone's
+  `(None,)` inputs): every layer's cost is proportional to it, so counting
+  it as 1 scales all costs alike and leaves the balance as it is.
+  """
+  return tuple(1 if d is None else int(d) for d in shape)
+
+
 def layer_flops(layer, node=None):
   """Estimated forward FLOPs of one example through a built layer.
 
   Dense and convolution layers count 2 x multiply-adds; a layer with a
   `flops(input_shape)` method (e.g. `layers.resnet` blocks) reports its own;
   a nested model sums its layers; anything else (BN, activations, pooling,
-  additions: a few operations per activation) counts 0.
+  additions: a few operations per activation) counts 0. An unknown
+  dimension (a sequence length of None) counts as 1 (`_known`).
 
   Args:
     layer: a layer of a built functional or Sequential model.
@@ -439,14 +473,27 @@ def layer_flops(layer, node=None):
     An int.
   """
   node = node or keras_private.inbound_nodes(layer)[0]
-  in_shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
-  out_shape = tuple(node.output_tensors[0].shape)
+  in_shape = _known(node.input_tensors[0].shape) if node.input_tensors else ()
+  out_shape = _known(node.output_tensors[0].shape)
   if hasattr(layer, "flops"):
     return int(layer.flops(in_shape[1:]))
   if isinstance(layer, keras.Model) and hasattr(layer, "layers"):
     return sum(layer_flops(inner) for inner in layer.layers
                if not isinstance(inner, keras.layers.InputLayer))
   return int(_dense_like_flops(layer, in_shape, out_shape))
+
+
+def _flops(layer, node):
+  """`layer_flops`, or one line naming the layer and the balance to pass."""
+  try:
+    return layer_flops(layer, node)
+  except (TypeError, ValueError) as e:
+    shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
+    raise ValueError(
+        f"Cannot estimate the FLOPs of layer {layer.name!r} (input shape "
+        f"{shape}: {e}); pass balance='params', balance='time' with "
+        f"sample= (a batch of inputs), or split=. "
+        f"Received: balance='flops'") from e
 
 
 def _timed_costs(pieces, sample, custom_objects):
@@ -631,10 +678,16 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
           raise ValueError(
               f"balance='time' on a model with several inputs needs "
               f"sample= (a batch of them). Received: sample=None")
-        sample = tf.random.normal([32] + list(graph.inputs[0].shape[1:]))
+        shape = tuple(graph.inputs[0].shape[1:])
+        if None in shape:
+          raise ValueError(
+              f"balance='time' on a model whose input shape {shape} has an "
+              f"unknown dimension needs sample= (a batch of inputs). "
+              f"Received: sample=None")
+        sample = tf.random.normal((32,) + shape)
       costs = _timed_costs(pieces, sample, _layer_classes(graph))
     else:
-      per_layer = [layer_flops(layer, node) if balance == "flops"
+      per_layer = [_flops(layer, node) if balance == "flops"
                    else keras_nodes.count_params(layer)
                    for layer, node in zip(layers, nodes)]
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
