@@ -283,7 +283,7 @@ def run_fit(spec, name, placement):
   Returns:
     {"call": seconds per step, "epoch": seconds per step}.
   """
-  from tf_interlock import keras_model  # pylint: disable=g-import-not-at-top
+  from tf_interlock.keras import model as keras_model  # pylint: disable=g-import-not-at-top
   strategy, microbatches = parse_cell(name)
   model = keras_model.InterlockModel(build_modules(spec), strategy,
                                      placement=placement,

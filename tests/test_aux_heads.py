@@ -11,7 +11,7 @@ from layers import aux_heads
 from layers import resnet
 from layers.aux_heads import ConvAuxHead, SequenceAuxHead
 from tests.keras_models import sequential_cnn
-from tf_interlock import keras_split
+from tf_interlock.keras import split as keras_split
 
 
 def _num_params(layer):

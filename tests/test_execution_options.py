@@ -9,7 +9,7 @@ import pytest
 
 import tf_interlock as ti
 from tests import helpers
-from tf_interlock import keras_fit
+from tf_interlock.keras import fit as keras_fit
 from tf_interlock import placement as placement_lib
 from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer

@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from layers import interlock_module
-from tf_interlock import keras_split
+from tf_interlock.keras import split as keras_split
 from tf_interlock import op_errors
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras.model import InterlockModel
 
 CLASSES = 3
 

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from tf_interlock import fit_guards
-from tf_interlock import keras_split
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras import fit_checks
+from tf_interlock.keras import split as keras_split
+from tf_interlock.keras.model import InterlockModel
 
 CLASSES = 4
 
@@ -52,7 +52,7 @@ def test_fit_stops_on_non_finite_input_naming_the_module(fault):
     x[20, 3] = np.inf
   else:
     weights[20] = np.nan
-  with pytest.raises(fit_guards.NonFiniteError) as error:
+  with pytest.raises(fit_checks.NonFiniteError) as error:
     model.fit(x, y, sample_weight=weights, batch_size=16, epochs=3,
               verbose=0, shuffle=False)
   line = _first_line(error)
@@ -67,7 +67,7 @@ def test_a_terminate_guard_stops_fit_quietly_as_terminate_on_nan(capsys):
   x[20, 3] = np.nan
   history = model.fit(x, y, batch_size=16, epochs=3, verbose=0,
                       shuffle=False,
-                      callbacks=[fit_guards.NonFiniteGuard("terminate")])
+                      callbacks=[fit_checks.NonFiniteGuard("terminate")])
   assert len(history.history["loss"]) == 1  # the other epochs never ran
   out = capsys.readouterr().out
   assert "warning: non-finite" in out and "batch 2 of epoch 1" in out, out
@@ -85,12 +85,12 @@ def test_non_finite_weights_are_named_even_when_the_logs_look_finite():
   x, y = _data()
   model.fit(x, y, batch_size=16, epochs=1, verbose=0)
   finite_logs = {"loss": 1.0, "module_1/loss": 1.0, "module_2/loss": 1.0}
-  assert fit_guards.nonfinite_problem(model, finite_logs) is None
+  assert fit_checks.nonfinite_problem(model, finite_logs) is None
   kernel = model.interlock_modules[1].trainable_weights[0]
   value = kernel.numpy()
   value[0, 0] = np.nan
   kernel.assign(value)
-  problem = fit_guards.nonfinite_problem(model, finite_logs)
+  problem = fit_checks.nonfinite_problem(model, finite_logs)
   assert problem == ("non-finite weights in module_2 while the logs look "
                      "finite"), problem
 

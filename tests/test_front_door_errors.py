@@ -1,5 +1,5 @@
 """Misuse of the Keras front door and a malformed TF_CONFIG: one line that
-names the value (tf_interlock/fit_arguments.py, train/multi_worker.py)."""
+names the value (tf_interlock/keras/fit_checks.py, train/multi_worker.py)."""
 
 import os
 

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tf_interlock import keras_fit
+from tf_interlock.keras import fit as keras_fit
 
 
 def _batches(dataset):

@@ -5,8 +5,8 @@ import keras
 import numpy as np
 import pytest
 
-from tf_interlock import keras_split
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras import split as keras_split
+from tf_interlock.keras.model import InterlockModel
 
 BATCH = 4
 

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from tf_interlock import export as export_lib
-from tf_interlock import keras_split
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras import split as keras_split
+from tf_interlock.keras.model import InterlockModel
 
 # Tiny configurations (random weights, nothing downloaded): about 45 s in
 # all on 2 cores, in make test.

@@ -9,9 +9,9 @@ import tensorflow as tf
 
 from tests.keras_models import assert_on_devices, sequential_cnn
 from tf_interlock import export as export_lib
-from tf_interlock import keras_split
+from tf_interlock.keras import split as keras_split
 from tf_interlock import placement as placement_lib
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras.model import InterlockModel
 from tf_interlock.trainer import InterlockTrainer
 
 BATCH = 8

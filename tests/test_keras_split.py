@@ -6,8 +6,8 @@ import pytest
 
 from tests.keras_models import (assert_on_devices, residual_model,
                                 sequential_cnn)
-from tf_interlock import keras_blocks
-from tf_interlock import keras_split
+from tf_interlock.keras import blocks as keras_blocks
+from tf_interlock.keras import split as keras_split
 from tf_interlock import placement as placement_lib
 from tf_interlock.trainer import InterlockTrainer
 

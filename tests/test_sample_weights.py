@@ -1,15 +1,15 @@
 """Sample weights on every module's loss, as Keras weighs them
-(tf_interlock.sample_weights), and probabilistic losses on softmax outputs."""
+(tf_interlock.keras.sample_weights), and probabilistic losses on softmax outputs."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_interlock import keras_split
+from tf_interlock.keras import split as keras_split
 from tf_interlock import losses
-from tf_interlock import sample_weights
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras import sample_weights
+from tf_interlock.keras.model import InterlockModel
 
 
 def per_token_batch(seed=0, batch=4, length=5, vocab=7):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_interlock import keras_split
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras import split as keras_split
+from tf_interlock.keras.model import InterlockModel
 
 VOCAB, LENGTH, DIM = 16, 6, 8
 

@@ -37,10 +37,10 @@ from layers import transformer
 from layers.interlock_module import InterlockModule
 from tests import helpers
 from tests.keras_models import sequential_cnn
-from tf_interlock import keras_split
+from tf_interlock.keras import split as keras_split
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
-from tf_interlock.keras_model import InterlockModel
+from tf_interlock.keras.model import InterlockModel
 from tf_interlock.trainer import InterlockTrainer
 from train import config as config_lib
 

@@ -54,13 +54,13 @@ import layers.transformer  # noqa: F401
 from layers.aux_heads import ConvAuxHead
 from layers.aux_heads import SequenceAuxHead
 from layers.interlock_module import InterlockModule
-from tf_interlock import callbacks
-from tf_interlock import fit_guards
+from tf_interlock.keras import callbacks
+from tf_interlock.keras import fit_checks
 from tf_interlock import placement
 from tf_interlock.execution_options import ExecutionOptions
-from tf_interlock.keras_model import InterlockModel
-from tf_interlock.keras_split import KerasSegment
-from tf_interlock.keras_split import from_keras
+from tf_interlock.keras.model import InterlockModel
+from tf_interlock.keras.split import KerasSegment
+from tf_interlock.keras.split import from_keras
 from tf_interlock.trainer import InterlockTrainer
 from tf_interlock.training_options import TrainingOptions
 

@@ -8,7 +8,7 @@ head's weights phi_k), and the device its variables live on. Keras's own
 with cut inputs) does not have.
 """
 
-from tf_interlock import keras_origins
+from tf_interlock.keras import origins as keras_origins
 
 _HEADER = ("Module", "Layers", "Params", "Aux head", "Aux params", "Device")
 

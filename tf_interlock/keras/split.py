@@ -32,16 +32,16 @@ import tensorflow as tf
 
 from layers import aux_heads
 from layers.interlock_module import InterlockModule
-from tf_interlock import fit_arguments
+from tf_interlock.keras import fit_checks
 from tf_interlock import int_args
-from tf_interlock import keras_blocks
-from tf_interlock import keras_flatten
-from tf_interlock import keras_nodes
-from tf_interlock import keras_origins
+from tf_interlock.keras import blocks as keras_blocks
+from tf_interlock.keras import flatten as keras_flatten
+from tf_interlock.keras import nodes as keras_nodes
+from tf_interlock.keras import origins as keras_origins
 from tf_interlock import keras_private
-from tf_interlock import keras_ties
-from tf_interlock import layer_state
-from tf_interlock import task_defaults
+from tf_interlock.keras import ties as keras_ties
+from tf_interlock.keras import layer_state
+from tf_interlock.keras import task_defaults
 from layers import partition
 
 BALANCE_MODES = ("flops", "params", "time")
@@ -615,7 +615,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     ValueError: in one line, e.g. naming a layer whose `get_config` fails
       (every piece is rebuilt from its layers' configs).
   """
-  fit_arguments.check_from_keras(model, num_modules, num_classes)
+  fit_checks.check_from_keras(model, num_modules, num_classes)
   num_classes = int_args.as_int(num_classes)
   _checked_graph(model)
   name = name or model.name

@@ -23,9 +23,9 @@ import json
 
 import keras
 
-from tf_interlock import keras_nodes
+from tf_interlock.keras import nodes as keras_nodes
 from tf_interlock import keras_private
-from tf_interlock import layer_state
+from tf_interlock.keras import layer_state
 
 
 def _nested_graph(operation):

@@ -31,10 +31,10 @@ merges the copies that land in one module again (`keras_ties`).
 
 import keras
 
-from tf_interlock import keras_nodes
+from tf_interlock.keras import nodes as keras_nodes
 from tf_interlock import keras_private
-from tf_interlock import keras_ties
-from tf_interlock import layer_state
+from tf_interlock.keras import ties as keras_ties
+from tf_interlock.keras import layer_state
 
 
 def _nested_graph(operation):

@@ -26,10 +26,10 @@ import numpy as np
 import tensorflow as tf
 
 from tf_interlock import exits as exits_lib
-from tf_interlock import input_nest
+from tf_interlock.keras import input_nest
 from tf_interlock import int_args
 from tf_interlock import metric_names
-from tf_interlock import sample_weights
+from tf_interlock.keras import sample_weights
 
 
 def compile_config(optimizer, loss, metrics, steps_per_execution):

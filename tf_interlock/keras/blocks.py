@@ -24,7 +24,7 @@ An explicit `split=` may still cut at any single-tensor place.
 
 import keras
 
-from tf_interlock import keras_nodes
+from tf_interlock.keras import nodes as keras_nodes
 
 _NORMALIZATIONS = (keras.layers.BatchNormalization,
                    keras.layers.LayerNormalization,

@@ -41,23 +41,23 @@ from tf_interlock import evaluation
 from tf_interlock import execution_options as execution_options_lib
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
-from tf_interlock import fit_arguments
-from tf_interlock import fit_guards
-from tf_interlock import input_nest
-from tf_interlock import keras_habits
-from tf_interlock import keras_fit
-from tf_interlock import keras_metrics
-from tf_interlock import keras_origins
+from tf_interlock.keras import fit_checks
+from tf_interlock.keras import fit_checks
+from tf_interlock.keras import input_nest
+from tf_interlock.keras import habits as keras_habits
+from tf_interlock.keras import fit as keras_fit
+from tf_interlock.keras import metrics as keras_metrics
+from tf_interlock.keras import origins as keras_origins
 from tf_interlock import keras_private
-from tf_interlock import keras_summary
+from tf_interlock.keras import summary as keras_summary
 from tf_interlock import losses as losses_lib
 from tf_interlock import op_errors
 from tf_interlock import placement as placement_lib
-from tf_interlock import sample_weights
-from tf_interlock import task_defaults
+from tf_interlock.keras import sample_weights
+from tf_interlock.keras import task_defaults
 from tf_interlock import trainer as trainer_lib
 from tf_interlock import training_options
-from tf_interlock.module_optimizers import ModuleOptimizers
+from tf_interlock.keras.module_optimizers import ModuleOptimizers
 
 
 @keras.saving.register_keras_serializable(package="tf_interlock")
@@ -308,14 +308,14 @@ class InterlockModel(keras.Model):
         raise.
     """
     if steps_per_execution is not None:
-      fit_arguments.check_steps_per_execution(steps_per_execution)
+      fit_checks.check_steps_per_execution(steps_per_execution)
     # The trainer's settings: a new value from the model's, which stays
     # as it was (checked here, before anything is compiled).
     options = training_options.make(
         self.interlock_options, steps_per_loop=steps_per_execution,
         jit_compile=jit_compile, execution=execution_options)
     steps_per_execution = options.steps_per_loop
-    fit_arguments.check_steps_per_execution(steps_per_execution)
+    fit_checks.check_steps_per_execution(steps_per_execution)
     if kwargs:
       raise ValueError(
           f"InterlockModel.compile takes optimizer, loss, metrics, "
@@ -350,7 +350,7 @@ class InterlockModel(keras.Model):
     # module's optimizer (or of the modules `model.optimizer.modules` names).
     self.optimizer = ModuleOptimizers(self.trainer)
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
-    self._sparse_labels = fit_guards.sparse_loss(loss)
+    self._sparse_labels = fit_checks.sparse_loss(loss)
     self._metric_names = metric_names
     self._make_eval_trackers(metrics, metric_names)
     # Not tracked: a Keras metric object in it would become the model's
@@ -435,7 +435,7 @@ class InterlockModel(keras.Model):
     if self.trainer is None:
       raise ValueError("Call compile() before fit(). Received: "
                        "compiled=False")
-    fit_arguments.check_fit(x, y, batch_size, kwargs, epochs=epochs,
+    fit_checks.check_fit(x, y, batch_size, kwargs, epochs=epochs,
                             initial_epoch=initial_epoch,
                             example_shape=self._example_shape())
     if self.distribute_strategy is not self._distribute:
@@ -465,9 +465,9 @@ class InterlockModel(keras.Model):
       features, _ = next(iter(dataset))
       self._ensure_built(features)
     if getattr(self, "_sparse_labels", False):
-      fit_guards.check_labels(y, lambda: self._num_classes(x))
+      fit_checks.check_labels(y, lambda: self._num_classes(x))
     self._fit_logs.steps_per_epoch = steps
-    callbacks = fit_guards.with_guard(
+    callbacks = fit_checks.with_guard(
         keras_fit.with_callback(callbacks, self._fit_logs.callback))
     kwargs.setdefault("validation_batch_size", batch_size)
     with op_errors.cause_first("InterlockModel.fit"):
@@ -509,13 +509,13 @@ class InterlockModel(keras.Model):
           f"train_on_batch needs labels y and takes no class_weight (pass "
           f"sample_weight). Received: y={'None' if y is None else 'given'}, "
           f"class_weight={type(class_weight).__name__}")
-    fit_guards.check_not_empty(x)
+    fit_checks.check_not_empty(x)
     labels = y if sample_weight is None else (
         y, tf.cast(sample_weight, tf.float32))
     dataset = tf.data.Dataset.from_tensors((x, labels))
     self._ensure_built(next(iter(dataset))[0])
     if getattr(self, "_sparse_labels", False):
-      fit_guards.check_labels(y, lambda: self._num_classes(x))
+      fit_checks.check_labels(y, lambda: self._num_classes(x))
     self.reset_metrics()
     # FitLogs runs exactly the steps an epoch has left: here, one.
     fit_logs = self._fit_logs
@@ -538,8 +538,8 @@ class InterlockModel(keras.Model):
     the shape the model takes (refused in one line, not Keras's cardinality
     error). Arguments and return value are Keras's.
     """
-    fit_arguments.check_lengths(x, y)
-    fit_arguments.check_example_shape(x, self._example_shape())
+    fit_checks.check_lengths(x, y)
+    fit_checks.check_example_shape(x, self._example_shape())
     with op_errors.cause_first("InterlockModel.evaluate"):
       return super().evaluate(x, y, *args, **kwargs)
 
@@ -604,8 +604,8 @@ class InterlockModel(keras.Model):
       Numpy logits.
     """
     exit = keras_fit.check_exit(self.interlock_modules, exit)
-    fit_arguments.check_python_rows(x)
-    fit_arguments.check_example_shape(x, self._example_shape())
+    fit_checks.check_python_rows(x)
+    fit_checks.check_example_shape(x, self._example_shape())
     if not self.built and hasattr(x, "shape"):
       # Built eagerly with x's dtype, as fit builds, not inside the traced
       # predict function with float32 zeros (a StringLookup takes strings).
