@@ -111,3 +111,42 @@ def test_the_check_sees_a_step_model_module_in_train(tmp_path):
   (tmp_path / "tf_interlock" / "x.py").write_text("import step_model\n")
   assert _upward_imports(str(tmp_path), "tf_interlock") == [
       "tf_interlock/x.py imports step_model"]
+
+
+def _front_door_imports_below(root):
+  """'path imports module' for each top-level file of tf_interlock/ (its
+  `__init__.py`, which re-exports the public names, aside) and each file of
+  its placements/ that imports the Keras front door, tf_interlock.keras."""
+  found = []
+  for folder in ("tf_interlock", os.path.join("tf_interlock", "placements")):
+    for name in sorted(os.listdir(os.path.join(root, folder))):
+      if not name.endswith(".py") or (
+          folder == "tf_interlock" and name == "__init__.py"):
+        continue
+      path = os.path.join(root, folder, name)
+      for module in sorted(set(_imported_modules(path))):
+        if module == "tf_interlock.keras" or module.startswith(
+            "tf_interlock.keras."):
+          found.append(f"{os.path.relpath(path, root)} imports {module}")
+  return found
+
+
+def test_the_library_core_never_imports_the_keras_front_door():
+  # docs/architecture.md: the step core, placement, cluster, export and
+  # evaluation sit below the front door, which builds on them.
+  assert os.path.isdir(os.path.join(ROOT, "tf_interlock", "keras"))
+  assert not _front_door_imports_below(ROOT)
+
+
+def test_the_check_sees_the_core_import_the_front_door(tmp_path):
+  (tmp_path / "tf_interlock" / "placements").mkdir(parents=True)
+  (tmp_path / "tf_interlock" / "__init__.py").write_text(
+      "from tf_interlock.keras.model import InterlockModel\n")
+  (tmp_path / "tf_interlock" / "trainer.py").write_text(
+      "from tf_interlock.keras import fit\n")
+  (tmp_path / "tf_interlock" / "placements" / "x.py").write_text(
+      "import tf_interlock.keras.split\n")
+  assert _front_door_imports_below(str(tmp_path)) == [
+      "tf_interlock/trainer.py imports tf_interlock.keras",
+      "tf_interlock/trainer.py imports tf_interlock.keras.fit",
+      "tf_interlock/placements/x.py imports tf_interlock.keras.split"]
