@@ -243,6 +243,9 @@ def run_one(base, spec, steps, schedule_steps, probe_every, out=print):
                                variant=strategy.variant, placement="single")
   runtime_setup.setup_runtime(config)  # seeds: every run starts the same
   task = datasets.make_task(config)
+  # Again after the data: a first run's data step draws from Python's
+  # random, which seeds Keras's initializers (train_lib.build says more).
+  runtime_setup.seed(config)
   modules = networks.make_modules(config, task)
   if len(modules) < 3:
     raise ValueError(f"The probe needs K >= 3 modules (L_2 and L_K apart). "

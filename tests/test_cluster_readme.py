@@ -84,10 +84,9 @@ def _fashion_mnist_files(tmp_path):
   """--source_dir and --data_dir flags for Fashion-MNIST-shaped IDX files of
   random images (512 train, 256 test) and their TFDS folder, prepared here.
 
-  Prepared before either run: a --deterministic run that prepares the data
-  itself trains on other batches than a run that reads it prepared (seen
-  here: after one step at learning rate 1e-20 the BN statistics differ,
-  the weights do not), an open defect written up in docs/operations.md.
+  Prepared here, before either run, so that the two runs compared differ
+  only in placement (a run that prepares the data ends as one that reads
+  it: tests/test_first_run_reproducible.py).
   """
   source_dir = tmp_path / "idx"
   source_dir.mkdir()

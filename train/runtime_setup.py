@@ -48,9 +48,20 @@ def setup_runtime(config):
                               intra_op_threads=plan.threads_per_device)
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
-  keras.utils.set_random_seed(config.run.seed)
+  seed(config)
   keras.mixed_precision.set_global_policy(
       "mixed_bfloat16" if config.devices.mixed_precision == "bfloat16" else "float32")
+
+
+def seed(config):
+  """Seeds Python's `random`, NumPy's, TF's global seed and Keras's seed
+  generator with --seed.
+
+  `setup_runtime` seeds first; the run seeds again just before it makes
+  its layers (`train_lib.build`), so that the initial weights depend on
+  --seed alone and not on what the data step drew before (see there).
+  """
+  keras.utils.set_random_seed(config.run.seed)
 
 
 def module_devices(config):

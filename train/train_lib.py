@@ -146,6 +146,13 @@ def build(config):
   placement = placement or placement_lib.make_placement(
       config.devices.placement, config.interlock.num_modules, distribute,
       module_devices=runtime_setup.module_devices(config))
+  # Seeded again, just before the layers are made: Keras draws each
+  # initializer's seed from Python's `random` when the layer is made, and
+  # the data step may have drawn from it too, but only on a first run (TFDS
+  # names the temporary folder it prepares a data set in with
+  # random.choice). Without this, the run that prepares the data starts
+  # from other weights than every later run with the same --seed.
+  runtime_setup.seed(config)
   with distribute.scope():
     modules = networks.make_modules(config, task)
   trainer = InterlockTrainer(
