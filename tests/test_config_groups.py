@@ -75,7 +75,7 @@ def test_aux_head_takes_every_registered_kind_and_lists_them():
   # its features fit), lists it in its help and its error.
   for name, kind in aux_heads.KINDS.items():
     config_lib.validate(config_lib.Config(model="resnet", aux_head=name))
-    mlp = config_lib.Config(model="mlp", aux_head=name)
+    mlp = config_lib.Config(model="mlp", dataset="synthetic", aux_head=name)
     if kind.conv:  # reads image features: refused for the MLP, one line
       with pytest.raises(ValueError, match=f"Received: aux_head='{name}'"):
         config_lib.validate(mlp)

@@ -28,7 +28,7 @@ class CallGuard:
 
   def __init__(self, owner):
     self._owner = owner
-    self._lock = threading.RLock()
+    self._in_call = threading.RLock()
     self._running = None  # The outermost call holding the lock.
     self._depth = 0
 
@@ -45,7 +45,7 @@ class CallGuard:
       RuntimeError: another thread is inside a guarded call.
     """
     name = f"{self._owner}.{method}"
-    if not self._lock.acquire(blocking=False):
+    if not self._in_call.acquire(blocking=False):
       raise RuntimeError(
           f"{self._running} is already running in another thread; one "
           f"{self._owner} runs one call at a time (its optimizers' step "
@@ -61,7 +61,7 @@ class CallGuard:
       self._depth -= 1
       if self._depth == 0:
         self._running = None
-      self._lock.release()
+      self._in_call.release()
 
 
 def guarded(method):

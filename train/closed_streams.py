@@ -34,6 +34,10 @@ class _Stream:
     self._label = label
     self.gone = None  # the OSError that closed it
 
+  def original(self):
+    """The stream this one wraps."""
+    return self._stream
+
   def _closed(self, error):
     self.gone = error
     try:
@@ -104,4 +108,4 @@ def uninstall():
   for label in ("stdout", "stderr"):
     stream = getattr(sys, label)
     if isinstance(stream, _Stream):
-      setattr(sys, label, stream._stream)  # pylint: disable=protected-access
+      setattr(sys, label, stream.original())

@@ -32,6 +32,7 @@ from tf_interlock import replicas as replicas_lib
 from train import cluster_checks
 from train import config as config_lib
 from train import owned_dir
+from train import placement_runtime
 from train import paths
 from train import placement_runtime
 from train import stop_signals
@@ -98,7 +99,8 @@ def _check_task(config, value):
   it would train alone, without a word. placement=cluster and tpu read
   only the cluster (one client drives every host)."""
   jobs = value.get("cluster") or {}
-  if value.get("task") or config.devices.placement in ("cluster", "tpu"):
+  runtime = placement_runtime.of(config.devices.placement)
+  if value.get("task") or runtime.needs_cluster or runtime.needs_tpu:
     return
   if jobs.get("chief") or jobs.get("worker"):
     text = os.environ.get("TF_CONFIG", "")
