@@ -73,3 +73,15 @@ def transfer_model(seed=0):
   return keras.Model(inputs, keras.layers.Dense(5, name="head")(h),
                      name="transfer")
 
+
+def lm_data(num, vocab, length, seed=0):
+  """(x, y, sample_weight) as keras_hub's causal LM preprocessors give it:
+  `num` random sequences of `length` token ids below `vocab`, each padded
+  after 3 to `length` tokens; the weight is the padding mask, one per
+  token, so that padded positions count in no loss."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(1, vocab, size=(num, length + 1)).astype("int32")
+  mask = (np.arange(length) < rng.integers(3, length + 1, size=(num, 1)))
+  mask = mask.astype("int32")
+  x = {"token_ids": tokens[:, :-1] * mask, "padding_mask": mask}
+  return x, tokens[:, 1:] * mask, mask.astype("float32")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import keras_models
 from tf_interlock.keras import split as keras_split
 from tf_interlock.keras.model import InterlockModel
 
@@ -31,14 +32,7 @@ def gpt2_causal_lm(seed=0):
 
 
 def lm_data(num=2 * BATCH, seed=0):
-  """(x, y, sample_weight) as keras_hub's causal LM preprocessors give
-  them: the weight is the padding mask, one per token."""
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(1, VOCAB, size=(num, LENGTH + 1)).astype("int32")
-  mask = (np.arange(LENGTH) < rng.integers(3, LENGTH + 1, size=(num, 1)))
-  mask = mask.astype("int32")
-  x = {"token_ids": tokens[:, :-1] * mask, "padding_mask": mask}
-  return x, tokens[:, 1:] * mask, mask.astype("float32")
+  return keras_models.lm_data(num, VOCAB, LENGTH, seed)
 
 
 def classifier_data(num=2 * BATCH, seed=3, classes=3):
