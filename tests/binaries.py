@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 import time
 
 import pytest
@@ -14,12 +15,70 @@ from absl import flags as absl_flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# {flag name: {name of the module that defined it: its Flag}}, for the
+# names that several imported binaries (or their libraries) define.
+_DEFINED = {}
+
+
+def _own_modules(module):
+  """The module's name and those of the modules it imports by name: where
+  the flags its main reads are defined (its own, or train.flags_lib's)."""
+  return {module.__name__} | {
+      value.__name__ for value in vars(module).values()
+      if isinstance(value, types.ModuleType)}
+
+
+def _install_flags(module):
+  """Puts under each shared name the Flag that `module`'s own code defined,
+  and returns {name: the Flag it replaced} to put back after the run."""
+  flags, replaced = absl_flags.FLAGS, {}
+  own = _own_modules(module)
+  for name, defined in _DEFINED.items():
+    for definer, flag in defined.items():
+      if definer in own and flags[name] is not flag:
+        replaced[name] = flags[name]
+        delattr(flags, name)
+        flags[name] = flag
+  return replaced
+
+
+def _put_back(replaced):
+  flags = absl_flags.FLAGS
+  for name, flag in replaced.items():
+    delattr(flags, name)
+    flags[name] = flag
+
+
+def _import_binary(binary):
+  """`binary`'s module. Each binary runs alone in its process, so two may
+  name a flag alike (train.export's --model_dir and train.flags_lib's, which
+  train.train and train.evaluate read); when one test process imports
+  both, each name keeps every definer's Flag, keyed by the defining module,
+  and `run_main` puts the running binary's own under the name while it runs,
+  whichever binary was imported first."""
+  flags = absl_flags.FLAGS
+  while True:
+    try:
+      module = importlib.import_module(binary)
+      break
+    except absl_flags.DuplicateFlagError as e:
+      name = re.search(r"flag '([^']+)' is defined twice", str(e)).group(1)
+      _DEFINED.setdefault(name, {})[
+          flags.find_module_defining_flag(name)] = flags[name]
+      delattr(flags, name)
+      sys.modules.pop(binary, None)
+  for name, defined in _DEFINED.items():
+    if name in flags:
+      defined.setdefault(flags.find_module_defining_flag(name), flags[name])
+  return module
+
+
 def run_main(binary, flags_given, capfd):
   """(exit code, stdout, stderr) of `binary`'s main in this process, its
   flags parsed as absl does: the binary's error boundary and all, less the
   seconds of a process start. `capfd` is pytest's fixture."""
   module = _import_binary(binary)
-  _swap_flags(binary, own=True)
+  replaced = _install_flags(module)
   absl_flags.FLAGS.unparse_flags()
   try:
     absl_flags.FLAGS([binary, *flags_given])
@@ -31,47 +90,9 @@ def run_main(binary, flags_given, capfd):
       code = e.code
   finally:
     absl_flags.FLAGS.unparse_flags()  # the next test parses its own
-    _swap_flags(binary, own=False)
+    _put_back(replaced)
   out = capfd.readouterr()
   return code, out.out, out.err
-
-
-# Per binary, the flag names it took over from a binary imported before:
-# {binary: {name: (the earlier binary's Flag, this binary's Flag)}}.
-_TAKEN = {}
-
-
-def _swap_flags(binary, own):
-  """Puts `binary`'s own Flag objects under the names it took over (own),
-  or the earlier binaries' back: the others' flag holders read FLAGS[name]
-  and must find their own flag there."""
-  flags = absl_flags.FLAGS
-  for name, (earlier, its_own) in _TAKEN.get(binary, {}).items():
-    if name in flags:
-      delattr(flags, name)
-    flags[name] = its_own if own else earlier
-
-
-def _import_binary(binary):
-  """`binary`'s module. Each binary runs alone in its process, so two may
-  name a flag alike; when one test process imports both, the later one
-  takes the name over while it runs (`run_main`), and the earlier one's
-  flag stands the rest of the time (only the binary being run reads its
-  flags)."""
-  earlier = {}
-  while True:
-    try:
-      module = importlib.import_module(binary)
-      if earlier:
-        _TAKEN[binary] = {name: (flag, absl_flags.FLAGS[name])
-                          for name, flag in earlier.items()}
-        _swap_flags(binary, own=False)
-      return module
-    except absl_flags.DuplicateFlagError as e:
-      name = re.search(r"flag '([^']+)' is defined twice", str(e)).group(1)
-      earlier[name] = absl_flags.FLAGS[name]
-      delattr(absl_flags.FLAGS, name)
-      sys.modules.pop(binary, None)
 
 
 def run_binary(module, *flags, check=True):
