@@ -11,6 +11,9 @@ import pytest
 
 from train import runtime_env
 
+# make test-slow (research.benchmark's processes end to end).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--width=32", "--batch_size=16", "--steps=1", "--steps_per_loop=2"]
 

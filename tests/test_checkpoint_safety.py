@@ -25,6 +25,9 @@ from train import error_boundary
 from train import run_io
 from train import train_lib
 
+# make test-slow (the binaries under attack (a second writer, kills, resumes)).
+pytestmark = pytest.mark.slow
+
 TT = ["--preset=synthetic_mlp", "--steps_per_loop=10",
       "--checkpoint_every_steps=10", "--eval_every_steps=10"]
 

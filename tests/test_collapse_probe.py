@@ -16,6 +16,9 @@ from tf_interlock import strategy as strategy_lib
 from step_model import representation
 from research import collapse_probe
 
+# make test-slow (research.collapse_probe's binary end to end).
+pytestmark = pytest.mark.slow
+
 
 def _layer_norm(h):
   centred = h - tf.reduce_mean(h, axis=-1, keepdims=True)

@@ -11,6 +11,9 @@ from step_model import memory
 from step_model import schedule
 from tests import binaries
 
+# make test-slow (research.predict_frontier's binary end to end).
+pytestmark = pytest.mark.slow
+
 MB = 1e6
 
 

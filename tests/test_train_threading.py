@@ -19,6 +19,9 @@ from step_model import threading_plan
 from train import config as config_lib
 from train import runtime_setup
 
+# make test-slow (train.train processes under several threading plans).
+pytestmark = pytest.mark.slow
+
 FLAGS = ["--preset=synthetic_mlp", "--placement=simulated", "--mlp_width=64",
          "--train_steps=10", "--steps_per_loop=5", "--seed=3",
          "--checkpoint_every_steps=10", "--eval_every_steps=10"]

@@ -17,6 +17,9 @@ from tests.binaries import run_binary
 from tests.keras_models import sequential_cnn
 from train import config as config_lib
 
+# make test-slow (research.user_study end to end).
+pytestmark = pytest.mark.slow
+
 SIZE, BATCH = 8, 8
 MODEL_FN = "tests.test_user_study:tiny_cnn"
 DATA = "tests.test_user_study:tiny_data"

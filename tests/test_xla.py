@@ -44,6 +44,9 @@ from tf_interlock.keras.model import InterlockModel
 from tf_interlock.trainer import InterlockTrainer
 from train import config as config_lib
 
+# make test-slow (XLA against no XLA, every network and placement).
+pytestmark = pytest.mark.slow
+
 STEPS = 3
 BATCH = 8
 FLOAT32_TOLERANCE = 1e-5
