@@ -186,12 +186,6 @@ def _check_choices(config):
                                 config.interlock.variant)
   except ValueError as e:
     fail("strategy", config.interlock.strategy, str(e).split(". Received")[0])
-  if (config.network.model != "resnet"
-      and config.network.aux_head in aux_heads.names(conv_only=True)):
-    fail("aux_head", config.network.aux_head,
-         f"reads image features [B, H, W, C]; model={config.network.model} "
-         f"has flat or per-position features (take 'auto' or one of "
-         f"{sorted(set(aux_heads.names()) - set(aux_heads.names(True)))})")
   if config.network.model == "transformer" and not config.is_text:
     fail("dataset", config.data.dataset, "model=transformer needs a text "
          f"dataset {TEXT_DATASETS}")
@@ -210,6 +204,14 @@ def _check_choices(config):
     fail("model", config.network.model, f"dataset={config.data.dataset} "
          f"gives images: model=mlp takes vectors (dataset=synthetic); use "
          f"model=resnet for images")
+  # After the network/data checks: a conv head is wrong only for a network
+  # whose data is right for it.
+  if (config.network.model != "resnet"
+      and config.network.aux_head in aux_heads.names(conv_only=True)):
+    fail("aux_head", config.network.aux_head,
+         f"reads image features [B, H, W, C]; model={config.network.model} "
+         f"has flat or per-position features (take 'auto' or one of "
+         f"{sorted(set(aux_heads.names()) - set(aux_heads.names(True)))})")
 
 
 def _check_numbers(config):
