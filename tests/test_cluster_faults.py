@@ -114,8 +114,8 @@ def test_worker_binary_faults_are_one_line(procs):
         "list": (["--cluster=127.0.0.1:x", "--task=0"],
                  "error: cluster entry '127.0.0.1:x' is not host:port"),
         "threads": (["--task=0", "--inter_op_threads=0"],
-                    "error: --inter_op_threads must be an int >= 1. "
-                    "Received: inter_op_threads=0"),
+                    "error: --inter_op_threads=0 is invalid: must be >= 1 "
+                    "(see --helpshort). Received: inter_op_threads=0"),
     }
     started = {name: procs.start("train.worker", f"--cluster={cluster}",
                                  *flags)
