@@ -95,10 +95,11 @@ def run_main(binary, flags_given, capfd):
   return code, out.out, out.err
 
 
-def run_binary(module, *flags, check=True):
+def run_binary(module, *flags, check=True, timeout=300):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
+                        env=env, capture_output=True, text=True,
+                        timeout=timeout)
   if check and proc.returncode != 0:
     raise AssertionError(f"{module} failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
