@@ -7,8 +7,9 @@ bw_k, fused input and weight VJP (one backward pass, as the engine runs end
 to end), aux head forward and backward a_k (with its metrics), optimizer
 update u_k, and the sum of two microbatches' gradients. Each is timed here
 in its own `tf.function` on the module's device; the VJPs include a forward
-pass, which is subtracted. Times are medians over `repeats` calls, in
-seconds. A microbatch's ops are timed M at a time inside one graph, as the
+pass, which is subtracted. Times are medians over `repeats` rounds, in
+seconds; each round times every op of every module once (round robin, so
+that a burst of load elsewhere on the host spreads over all ops). A microbatch's ops are timed M at a time inside one graph, as the
 pipeline runs them (`measure_module_costs`' `microbatches`).
 
 While the ops are timed, every thread of the process is pinned to as many
@@ -24,8 +25,10 @@ microbatched weight VJP a third of its work and predicted e2e-m8 20% fast
 (docs/results/many_core/README.md).
 """
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 
@@ -39,22 +42,52 @@ from step_model import schedule
 
 
 def _median_time(fn, repeats, calls=1, cores=1):
-  """The median seconds of one of `fn`'s `calls` ops: `fn` runs them one
-  after another inside one graph, so a call's fixed cost (dispatch, the
-  outputs' hand-back) is shared by all of them, as a step's ops share it.
-  The timed calls hold `cores` cores (`holding_cores`)."""
-  fn()  # trace and warm up
-  fn()
-  times = []
-  with holding_cores(cores):
-    fn()  # warm up on the pinned cores
-    for _ in range(repeats):
-      start = time.perf_counter()
-      out = fn()
+  """The median seconds of one of `fn`'s `calls` ops (`_median_times` of
+  `fn` alone)."""
+  return _median_times({"op": (contextlib.nullcontext, fn, calls)}, repeats,
+                       cores)["op"]
+
+
+def _median_times(timed, repeats, cores=1):
+  """The median seconds of one op of each function of `timed`, timed in turn.
+
+  Each function runs its `calls` ops one after another inside one graph,
+  so a call's fixed cost (dispatch, the outputs' hand-back) is shared by
+  all of them, as a step's ops share it. The functions are timed round
+  robin, one call of each per round, `repeats` rounds: a burst of load
+  from elsewhere on a shared host (seconds long) then lands on one call of
+  every op instead of on every call of one op. Timed op after op, one such
+  burst made module 2's input VJP of the width-512 MLP cost 3.6 ms and
+  module 1's 1.9 ms, the same layer (docs/results/speed_held/README.md).
+  The timed calls hold `cores` cores (`holding_cores`).
+
+  Args:
+    timed: {name: (scope, fn, calls)}; `scope()` is entered around every
+      call of `fn` (its module's device scope).
+    repeats: timed rounds (>= 1).
+    cores: the cores the timed calls hold.
+
+  Returns:
+    {name: median seconds per op}.
+  """
+  def call(scope, fn):
+    with scope():
       # expand_composites: an embedding's gradient is an IndexedSlices.
-      tf.nest.map_structure(lambda t: t.numpy(), out, expand_composites=True)
-      times.append((time.perf_counter() - start) / calls)
-  return float(np.median(times))
+      tf.nest.map_structure(lambda t: t.numpy(), fn(), expand_composites=True)
+
+  for scope, fn, _ in timed.values():  # trace and warm up
+    call(scope, fn)
+    call(scope, fn)
+  times = {name: [] for name in timed}
+  with holding_cores(cores):
+    for scope, fn, _ in timed.values():  # warm up on the pinned cores
+      call(scope, fn)
+    for _ in range(repeats):
+      for name, (scope, fn, calls) in timed.items():
+        start = time.perf_counter()
+        call(scope, fn)
+        times[name].append((time.perf_counter() - start) / calls)
+  return {name: float(np.median(t)) for name, t in times.items()}
 
 
 @contextlib.contextmanager
@@ -242,38 +275,44 @@ def measure_module_costs(trainer, features, labels, repeats=10,
   if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
     raise ValueError(f"cores must be an int >= 1. Received: cores={cores!r}")
   m = microbatches
-  costs = []
   h = tf.convert_to_tensor(features)
   labels = tf.split(tf.convert_to_tensor(labels), m)
+  timed = {}
   for k, module in enumerate(trainer.modules):
     last = k == trainer.num_modules - 1
-    with trainer.placement.scope(k):
+    scope = functools.partial(trainer.placement.scope, k)
+    with scope():
       xs = tf.split(tf.identity(h), m)
       hs = [module.body(x, training=False) for x in xs]
       h = tf.concat(hs, 0)
       cots = [tf.ones_like(hi) / tf.cast(tf.size(h), h.dtype) for hi in hs]
       ops = _op_functions(k, module, xs, cots, labels, trainer.step)
-
-      def time_of(fn):
-        return _median_time(fn, repeats, calls=m, cores=cores)
-
-      f = time_of(ops["forward"])
+      mine = {"forward": ops["forward"], "weight_vjp": ops["weight_vjp"],
+              "accumulate": _accumulate_function(trainer.variables(k), m)}
       # F_{K-1} holds the true loss, its metrics and dL/dh_{K-1}.
-      loss = time_of(ops["final_loss"](hs)) if last else 0.0
-      bx = 0.0 if k == 0 else max(0.0, time_of(ops["input_vjp"]) - f)
-      bw = max(0.0, time_of(ops["weight_vjp"]) - f)
+      if last:
+        mine["final_loss"] = ops["final_loss"](hs)
       # Module 0 never sends a cotangent, so its backward is never fused.
-      fused = bw if k == 0 else max(0.0, time_of(ops["fused_vjp"]) - f)
-      acc = time_of(_accumulate_function(trainer.variables(k), m))
-      a = 0.0 if last or not module.has_aux_head else time_of(
-          ops["aux"](hs))
-      u = _median_time(_update_function(trainer.optimizers[k],
-                                        trainer.variables(k)), repeats,
-                       cores=cores)
-    costs.append(schedule.ModuleCost(forward=f + loss, input_vjp=bx,
-                                     weight_vjp=bw,
-                                     aux=a, update=u, fused_vjp=fused,
-                                     accumulate=acc))
+      if k:
+        mine["input_vjp"] = ops["input_vjp"]
+        mine["fused_vjp"] = ops["fused_vjp"]
+      if not last and module.has_aux_head:
+        mine["aux"] = ops["aux"](hs)
+      timed.update({(k, name): (scope, fn, m) for name, fn in mine.items()})
+      timed[k, "update"] = (scope, _update_function(
+          trainer.optimizers[k], trainer.variables(k)), 1)
+  t = collections.defaultdict(float, _median_times(timed, repeats, cores))
+  costs = []
+  for k in range(trainer.num_modules):
+    f = t[k, "forward"]
+    # The VJPs include a forward pass, which is subtracted.
+    bw = max(0.0, t[k, "weight_vjp"] - f)
+    costs.append(schedule.ModuleCost(
+        forward=f + t[k, "final_loss"],
+        input_vjp=max(0.0, t[k, "input_vjp"] - f) if k else 0.0,
+        weight_vjp=bw, aux=t[k, "aux"], update=t[k, "update"],
+        fused_vjp=max(0.0, t[k, "fused_vjp"] - f) if k else bw,
+        accumulate=t[k, "accumulate"]))
   return costs
 
 

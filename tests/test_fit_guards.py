@@ -132,3 +132,26 @@ def test_train_on_batch_refuses_bad_labels_and_an_empty_batch():
   y[3] = 9
   with pytest.raises(ValueError, match=r"y\[3\] = 9 is not a class id"):
     model.train_on_batch(x, y)
+
+
+def test_weights_gone_non_finite_in_the_last_step_are_named_at_the_epochs_end():
+  # The logs are read after every call, the weights at each epoch's end: a
+  # NaN weight that no later step's loss shows is still caught.
+  model = _model()
+  x, y = _data()
+
+  class PoisonLastStep(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      if batch == 3:  # the last of 64 / 16 batches
+        kernel = self.model.interlock_modules[0].trainable_weights[0]
+        value = kernel.numpy()
+        value[1, 2] = np.inf
+        kernel.assign(value)
+
+  with pytest.raises(fit_checks.NonFiniteError) as error:
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False,
+              callbacks=[PoisonLastStep(), fit_checks.NonFiniteGuard()])
+  assert _first_line(error).startswith(
+      "non-finite weights in module_1 while the logs look finite at the end "
+      "of epoch 1;"), error.value

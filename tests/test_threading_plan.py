@@ -157,10 +157,29 @@ def test_a_shared_pool_runs_one_op_at_a_time():
 
 def test_plan_for_four_modules_on_two_cores():
   # With nominal costs on 2 cores: e2e (no overlap between modules) takes
-  # the threads; 2-wise keeps one device per module and one thread.
+  # the threads; 2-wise keeps one thread per device and gives each a core
+  # (4 devices x 1 thread would time-share them for no predicted gain).
   assert threading_plan.plan_for(4, "e2e", 2).threads_per_device == 2
   plan = threading_plan.plan_for(4, "2wise", 2)
-  assert (plan.num_devices, plan.threads_per_device) == (4, 1)
+  assert (plan.num_devices, plan.threads_per_device) == (2, 1)
   # As many cores as modules: local needs no threads inside ops.
   plan = threading_plan.plan_for(4, "local", 4)
   assert (plan.num_devices, plan.threads_per_device) == (4, 1)
+
+
+def test_a_time_shared_plan_must_win_by_the_margin(monkeypatch):
+  # Local, K = 3 on 2 cores: 3 devices x 1 thread time-share the cores and
+  # run the 6 units of work in 3 (two ops at a time); 1 device x 2 threads
+  # runs them one op at a time at 1.64x: 6 / 1.64 = 3.66. Time-shared is
+  # predicted 18% faster: below the 25% margin, the honoured plan is kept.
+  plan, step = threading_plan.choose_plan([UNIT] * 3, "local", 2)
+  assert (plan.num_devices, plan.threads_per_device) == (1, 2)
+  assert step == pytest.approx(6 / 1.64, abs=1e-9)
+  monkeypatch.setattr(threading_plan, "TIME_SHARING_MARGIN", 0.1)
+  plan, step = threading_plan.choose_plan([UNIT] * 3, "local", 2)
+  assert plan.time_shared() and step == pytest.approx(3.0, abs=1e-9)
+  # A plan the user fixes is taken as asked, time-shared or not.
+  monkeypatch.setattr(threading_plan, "TIME_SHARING_MARGIN", 0.25)
+  plan, _ = threading_plan.choose_plan([UNIT] * 3, "local", 2,
+                                       threads_per_device=1)
+  assert (plan.num_devices, plan.threads_per_device) == (3, 1)
