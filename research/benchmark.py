@@ -34,7 +34,6 @@ from absl import flags  # noqa: E402
 from layers import aux_heads  # noqa: E402
 from layers import resnet  # noqa: E402
 from tf_interlock import placement as placement_lib  # noqa: E402
-from tf_interlock import strategy as strategy_lib  # noqa: E402
 from step_model import profiling  # noqa: E402
 from step_model import threading_plan  # noqa: E402
 from research import benchmark_lib  # noqa: E402
@@ -156,17 +155,7 @@ def validate():
   check("thread_efficiency", _EFFICIENCY.value, minimum=0, maximum=1)
   if not _STRATEGIES.value:
     config_lib.fail("strategies", "", "must name at least one strategy")
-  for name in _STRATEGIES.value:
-    strategy, microbatches = benchmark_lib.parse_cell(name)
-    try:
-      strategy_lib.parse_strategy(strategy)
-      if microbatches < 1 or _BATCH.value % microbatches:
-        raise ValueError(f"{microbatches} microbatches must divide "
-                         f"--batch_size={_BATCH.value}")
-    except ValueError as e:
-      reason = str(e).split(" Received:")[0].rstrip(".")
-      config_lib.fail("strategies", ",".join(_STRATEGIES.value),
-                      f"{name!r} is not a strategy: {reason}")
+  benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value)
   for m in _MICROBATCHES.value:
     if not m.isdigit() or int(m) < 1 or _BATCH.value % int(m):
       config_lib.fail("microbatches", ",".join(_MICROBATCHES.value),

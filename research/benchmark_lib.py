@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
+from tf_interlock import strategy as strategy_lib
 from tf_interlock.trainer import InterlockTrainer
 from step_model import memory
 from step_model import profiling
@@ -128,6 +129,28 @@ def parse_cell(name):
   if match is None:
     return name, 1
   return match.group(1), int(match.group(2))
+
+
+def check_cells(names, batch_size, flag="strategies"):
+  """Refuses, in one line naming --`flag`, the first cell name of `names`
+  (`parse_cell`) whose strategy does not parse or whose M microbatches do
+  not divide `batch_size`.
+
+  Raises:
+    ValueError: "--strategies='e2e,3way' is invalid: '3way' is not a
+      strategy: ...".
+  """
+  for name in names:
+    strategy, microbatches = parse_cell(name)
+    try:
+      strategy_lib.parse_strategy(strategy)
+      if microbatches < 1 or batch_size % microbatches:
+        raise ValueError(f"{microbatches} microbatches must divide "
+                         f"--batch_size={batch_size}")
+    except ValueError as e:
+      reason = str(e).split(" Received:")[0].rstrip(".")
+      config_lib.fail(flag, ",".join(names),
+                      f"{name!r} is not a strategy: {reason}")
 
 
 def is_pipeline(name):
