@@ -469,6 +469,26 @@ def add_peer(rows):
                                                   row["predicted_step_s"])
 
 
+# Baselines timed before and after the workers further apart than this
+# are named in the report: its ratios against plain Keras are that unsure.
+BASELINE_DRIFT = 0.10
+
+
+def merge_baselines(reports):
+  """One baseline report from several timed around the workers: each step
+  time the mean of theirs, each run's kept (`*_runs_s`), and
+  `baseline_drift`, max / min - 1 of plain Keras's step times."""
+  plain = [r["plain_keras_step_s"] for r in reports]
+  e2e = [r["e2e_single_step_s"] for r in reports]
+  merged = dict(reports[0], plain_keras_step_s=float(np.mean(plain)),
+                e2e_single_step_s=float(np.mean(e2e)),
+                plain_keras_runs_s=plain, e2e_single_runs_s=e2e,
+                baseline_drift=max(plain) / min(plain) - 1)
+  merged["e2e_overhead_vs_keras"] = (merged["e2e_single_step_s"] /
+                                     merged["plain_keras_step_s"])
+  return merged
+
+
 def add_speedups(rows, e2e_row, plain_step_s):
   """Speedups against e2e on the same plan, against the best microbatched
   e2e pipeline there (`add_peer`) and against plain Keras."""
@@ -544,6 +564,18 @@ def format_table(report):
         f"process): {1e3 * plain:.1f} ms/step; tf_interlock e2e without aux "
         f"heads there: {1e3 * report['e2e_single_step_s']:.1f} ms/step "
         f"({report['e2e_overhead_vs_keras']:.2f}x)")
+    runs = report.get("plain_keras_runs_s")
+    if runs:
+      lines.append(
+          "plain Keras timed before and after the strategies: " +
+          ", ".join(f"{1e3 * t:.1f}" for t in runs) + " ms/step (the mean "
+          "above)")
+    if report.get("baseline_drift", 0) > BASELINE_DRIFT:
+      lines.append(
+          f"warning: plain Keras ran {100 * report['baseline_drift']:.0f}% "
+          f"apart before and after: the host's speed drifted, and every "
+          f"ratio against plain Keras is unsure by as much (run on a "
+          f"quiet host)")
   header = (f"{'strategy':9s} {'plan':36s} {'step ms':>8s} "
             f"{'fit call':>8s} {'fit ep':>8s} "
             f"{'model ms':>8s} {'model/meas':>10s} {'vs Keras':>8s} "

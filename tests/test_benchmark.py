@@ -80,6 +80,9 @@ def test_plain_keras_baseline_runs_in_its_own_process():
   assert run["cores_in_use"] == 2
   plain = report["plain_keras_step_s"]
   assert plain > 0 and report["e2e_single_step_s"] > 0
+  # Timed in two processes, before and after the strategies: the mean.
+  assert len(report["plain_keras_runs_s"]) == 2
+  assert plain == pytest.approx(sum(report["plain_keras_runs_s"]) / 2)
   assert report["e2e_overhead_vs_keras"] == pytest.approx(
       report["e2e_single_step_s"] / plain)
   e2e = report["strategies"]["e2e"]["measured_step_s"]

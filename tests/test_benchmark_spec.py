@@ -3,6 +3,7 @@ production builders (train/networks.py, train/optimization.py)."""
 
 import keras
 import numpy as np
+import pytest
 
 from research import benchmark_lib
 from tf_interlock import placement as placement_lib
@@ -124,3 +125,24 @@ def test_without_op_costs_the_table_shows_dashes_for_the_model():
   line = next(l for l in table.splitlines() if l.startswith("2wise"))
   assert line.split()[1:] == ["simulated", "50.0", "-", "-", "-", "-",
                               "2.40x", "2.00x", "-", "1.60x", "-"]
+
+
+def test_baselines_before_and_after_are_averaged_and_their_drift_named():
+  before = {"plain_keras_step_s": 0.040, "e2e_single_step_s": 0.044,
+            "e2e_overhead_vs_keras": 1.1, "baseline_threads": 2}
+  after = dict(before, plain_keras_step_s=0.050, e2e_single_step_s=0.056)
+  merged = benchmark_lib.merge_baselines([before, after])
+  assert merged["plain_keras_step_s"] == pytest.approx(0.045)
+  assert merged["e2e_single_step_s"] == pytest.approx(0.050)
+  assert merged["e2e_overhead_vs_keras"] == pytest.approx(0.050 / 0.045)
+  assert merged["plain_keras_runs_s"] == [0.040, 0.050]
+  assert merged["baseline_drift"] == pytest.approx(0.25)
+  table = benchmark_lib.format_table(dict(merged, placement="simulated",
+                                          strategies={}))
+  assert "40.0, 50.0 ms/step" in table
+  assert "warning: plain Keras ran 25% apart" in table
+  # Two runs within BASELINE_DRIFT of each other: no warning.
+  steady = benchmark_lib.merge_baselines([before, dict(
+      before, plain_keras_step_s=0.042)])
+  assert "warning" not in benchmark_lib.format_table(
+      dict(steady, placement="simulated", strategies={}))
