@@ -138,16 +138,12 @@ def compile_model(model, cell, steps_per_execution, learning_rate=1e-3):
   """Compiles `model` (the user's model, or an InterlockModel for a
   strategy cell) alike: Adam, the tasks' loss, no metrics, the same
   `steps_per_execution`, jit_compile left to each ("auto": off on CPU)."""
-  optimizer = keras.optimizers.Adam(learning_rate)
-  if cell == KERAS:
-    # keras_hub's tasks add an accuracy metric by default: none here, as
-    # InterlockModel compiled with none has none.
-    model.compile(optimizer=optimizer, loss=_loss(), metrics=None,
-                  weighted_metrics=None,
-                  steps_per_execution=steps_per_execution)
-  else:
-    model.compile(optimizer=optimizer, loss=_loss(),
-                  steps_per_execution=steps_per_execution)
+  del cell  # Both compile alike.
+  # keras_hub's tasks add an accuracy metric by default ("auto", for the
+  # split task too): none here, for plain Keras and every strategy.
+  model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=_loss(),
+                metrics=None, weighted_metrics=None,
+                steps_per_execution=steps_per_execution)
 
 
 def interlock_model(model, cell, placement, num_modules, e2e_aux_heads=False):

@@ -74,6 +74,17 @@ def transfer_model(seed=0):
                      name="transfer")
 
 
+def gpt2_causal_lm(vocab, length, seed=0):
+  """A tiny keras_hub `GPT2CausalLM` (2 layers of width 16, no dropout, no
+  preprocessor) with random weights: nothing is downloaded."""
+  import keras_hub  # pylint: disable=import-outside-toplevel
+  keras.utils.set_random_seed(seed)
+  backbone = keras_hub.models.GPT2Backbone(
+      vocabulary_size=vocab, num_layers=2, num_heads=2, hidden_dim=16,
+      intermediate_dim=32, max_sequence_length=length, dropout=0.0)
+  return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
 def lm_data(num, vocab, length, seed=0):
   """(x, y, sample_weight) as keras_hub's causal LM preprocessors give it:
   `num` random sequences of `length` token ids below `vocab`, each padded

@@ -24,11 +24,7 @@ VOCAB, LENGTH, BATCH = 32, 8, 4
 
 
 def gpt2_causal_lm(seed=0):
-  keras.utils.set_random_seed(seed)
-  backbone = keras_hub.models.GPT2Backbone(
-      vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16,
-      intermediate_dim=32, max_sequence_length=LENGTH, dropout=0.0)
-  return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+  return keras_models.gpt2_causal_lm(VOCAB, LENGTH, seed)
 
 
 def lm_data(num=2 * BATCH, seed=0):

@@ -162,8 +162,23 @@ sparse_softmax_cross_entropy.per_position = (
     _sparse_softmax_cross_entropy_values)
 
 
+def _sparse_accuracy_values(labels, logits):
+  """1.0/0.0 at every label position: [B] or [B, T, ...]."""
+  labels = tf.convert_to_tensor(labels)
+  logits = tf.convert_to_tensor(logits)
+  _check_ranks(labels, logits)
+  predictions = tf.argmax(tf.cast(logits, tf.float32), axis=-1,
+                          output_type=tf.int64)
+  return tf.cast(tf.equal(predictions, tf.cast(labels, tf.int64)),
+                 tf.float32)
+
+
 def sparse_accuracy(labels, logits):
   """Per-example top-1 accuracy with integer labels.
+
+  Its `per_position` attribute gives the values before the mean over
+  positions, which a weight per token weighs (`compile(weighted_metrics=
+  ...)`).
 
   Args:
     labels: int tensor [B] or [B, T, ...] of class ids.
@@ -174,14 +189,10 @@ def sparse_accuracy(labels, logits):
     correct positions for [B, T, ...] labels. Ties in the logits go to the
     lowest class id (the first maximum).
   """
-  labels = tf.convert_to_tensor(labels)
-  logits = tf.convert_to_tensor(logits)
-  _check_ranks(labels, logits)
-  predictions = tf.argmax(tf.cast(logits, tf.float32), axis=-1,
-                          output_type=tf.int64)
-  correct = tf.cast(tf.equal(predictions, tf.cast(labels, tf.int64)),
-                    tf.float32)
-  return _mean_over_non_batch_axes(correct)
+  return _mean_over_non_batch_axes(_sparse_accuracy_values(labels, logits))
+
+
+sparse_accuracy.per_position = _sparse_accuracy_values
 
 
 def perplexity(mean_loss):

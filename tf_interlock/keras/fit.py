@@ -1,10 +1,8 @@
 """The pieces `InterlockModel` plugs into Keras's compile/fit/evaluate.
 
-* `unweighted` turns `keras_metrics`'s per-example metrics into what
-  `InterlockTrainer` takes (sample weights weigh the losses alone:
-  `sample_weights.weighted`); the optimizers and the per-example loss are
-  the trainer's own
-  (`trainer.optimizer_factory`, `losses.per_example_loss`): each module's
+* The optimizers, the per-example loss and metrics are the trainer's own
+  (`trainer.optimizer_factory`, `losses.per_example_loss`,
+  `keras_metrics.per_example_metrics`): each module's
   loss L_k is averaged over the *global* batch by the engine
   (`tf.nn.compute_average_loss`), so a Keras loss's own reduction is
   bypassed.
@@ -29,38 +27,33 @@ from tf_interlock import exits as exits_lib
 from tf_interlock.keras import input_nest
 from tf_interlock import int_args
 from tf_interlock import metric_names
+from tf_interlock.keras import metrics as keras_metrics
 from tf_interlock.keras import sample_weights
 
 
-def compile_config(optimizer, loss, metrics, steps_per_execution):
+def compile_config(optimizer, loss, metrics, weighted_metrics,
+                   steps_per_execution):
   """`compile`'s arguments as a saveable config, or None.
 
   A plain Python callable (an optimizer factory, a per-example loss or
   metric function) cannot be saved safely: a model compiled with one is
-  saved uncompiled, and must be compiled again after loading.
+  saved uncompiled, and must be compiled again after loading. "auto" is
+  saved as "auto": after loading it means the task's defaults again,
+  which the last module saves (`task_defaults`).
   """
   def saveable(value, kinds):
     return value is None or isinstance(value, (str,) + kinds)
   optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [
       optimizer]
-  metric_list = metrics if isinstance(metrics, (list, tuple)) else [metrics]
+  metric_list = (keras_metrics.as_list(metrics) +
+                 keras_metrics.as_list(weighted_metrics))
   if not (all(saveable(o, (keras.optimizers.Optimizer,)) for o in optimizers)
           and saveable(loss, (keras.losses.Loss,))
           and all(saveable(m, (keras.metrics.Metric,)) for m in metric_list)):
     return None
   return dict(optimizer=optimizer, loss=loss, metrics=metrics,
+              weighted_metrics=weighted_metrics,
               steps_per_execution=steps_per_execution)
-
-
-def unweighted(metric_fn):
-  """`metric_fn` that ignores sample weights, as Keras's `metrics=` do."""
-  if metric_fn is None:
-    return None
-
-  def metric_without_weights(labels, logits):
-    return metric_fn(labels[0] if isinstance(labels, tuple) else labels,
-                     logits)
-  return metric_without_weights
 
 
 def check_exit(modules, exit_k):
@@ -264,13 +257,15 @@ class FitLogs:
     self.callback = _EpochStart(self)
 
   def _updater(self, trackers):
-    """One `tf.function` that adds a call's means to `trackers` (a list)
-    and returns their results: one call op instead of some ten eager ops
-    per tracker (about 20 ms a call on the benchmark's host)."""
+    """One `tf.function` that adds a call's means to `trackers` (a list),
+    each with its weight, and returns their results: one call op instead
+    of some ten eager ops per tracker (about 20 ms a call on the
+    benchmark's host)."""
     key = tuple(id(t) for t in trackers)
     if key not in self._updaters:
-      def update(values, weight):
-        for tracker, value in zip(trackers, tf.unstack(values)):
+      def update(values, weights):
+        for tracker, value, weight in zip(trackers, tf.unstack(values),
+                                          tf.unstack(weights)):
           tracker.update_state(value, sample_weight=weight)
         return [tracker.result() for tracker in trackers]
       self._updaters[key] = tf.function(update, autograph=False)
@@ -293,18 +288,31 @@ class FitLogs:
       calls = ([(spe, num)] if num == spe else
                [(1, 1)] * (max(num, 1) - 1) + [(1, min(num, 1))])
       for steps, counted in calls:
-        metrics = metric_names.with_keras_names(
-            model.trainer.train_loop(iterator, num_steps=steps),
-            model.num_modules, names)
+        # A weighted metric's mean is its numerator's over its weights'
+        # (`keras_metrics.split_weights`), weighted by its weights.
+        metrics, weights = (
+            metric_names.with_keras_names(values, model.num_modules, names)
+            for values in keras_metrics.split_weights(
+                model.trainer.train_loop(iterator, num_steps=steps)))
         for key in metrics:
           if key not in trackers:
             trackers[key] = self.extra[key] = keras.metrics.Mean(name=key)
         keys = list(metrics)
         results = self._updater([trackers[key] for key in keys])(
-            tf.constant([metrics[key] for key in keys], tf.float32),
-            tf.constant(counted, tf.float32))
+            tf.constant([_ratio(metrics[key], weights.get(key))
+                         for key in keys], tf.float32),
+            tf.constant([counted * weights.get(key, 1.0) for key in keys],
+                        tf.float32))
       return dict(zip(keys, results))
     return train_function
+
+
+def _ratio(value, weights):
+  """`value` over `weights` (None: `value`); 0 where the weights are 0,
+  which then add nothing to the tracker, as in Keras."""
+  if weights is None:
+    return value
+  return value / weights if weights else 0.0
 
 
 class _EpochStart(keras.callbacks.Callback):
@@ -363,7 +371,8 @@ def update_eval_trackers(trackers, values, names):
   Args:
     trackers: `eval_trackers`'s, for the same modules and `names`.
     values: `evaluation.exit_values`'s {"module_k": {"loss", "metric"}},
-      the deepest head the network's.
+      the deepest head the network's; a weighted metric's numerator comes
+      with its weights (`keras_metrics.split_weights`).
     names: compile's metric names; module K's values are logged under
       these (and "loss") too (`metric_names.with_keras_names`).
 
@@ -379,7 +388,13 @@ def update_eval_trackers(trackers, values, names):
       flat[metric_names.metric_name(index, name)] = value
   by_name = {tracker.name: tracker for tracker in trackers}
   network = metric_names.head_index(metric_names.network_head(values)) + 1
-  for key, value in metric_names.with_keras_names(flat, network,
-                                                  names).items():
-    by_name[key].update_state(value)
+  flat, weights = (metric_names.with_keras_names(part, network, names)
+                   for part in keras_metrics.split_weights(flat))
+  for key, value in flat.items():
+    if key in weights:
+      # Keras's weighted mean: sum(w * value) / sum(w) over the examples.
+      by_name[key].update_state(tf.math.divide_no_nan(value, weights[key]),
+                                sample_weight=weights[key])
+    else:
+      by_name[key].update_state(value)
   return {tracker.name: tracker.result() for tracker in trackers}

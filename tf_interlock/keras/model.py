@@ -42,7 +42,6 @@ from tf_interlock import execution_options as execution_options_lib
 from tf_interlock import exits as exits_lib
 from tf_interlock import export as export_lib
 from tf_interlock.keras import fit_checks
-from tf_interlock.keras import fit_checks
 from tf_interlock.keras import input_nest
 from tf_interlock.keras import habits as keras_habits
 from tf_interlock.keras import fit as keras_fit
@@ -269,30 +268,37 @@ class InterlockModel(keras.Model):
 
   # -- compile and fit ------------------------------------------------------
 
-  def compile(self, optimizer="adam", loss=None, metrics=None,
+  def compile(self, optimizer="adam", loss=None, metrics="auto",
               steps_per_execution=None, jit_compile=None,
-              execution_options=None, **kwargs):
+              execution_options=None, weighted_metrics="auto", **kwargs):
     """Configures interlocking training.
+
+    "auto" means what the keras_hub task that `from_keras` split picks in
+    its own `compile` (`task_defaults`; saved with the model), and for
+    any other model our default: so `compile("adam")` on a split
+    `GPT2CausalLM` logs its weighted `sparse_categorical_accuracy`, as the
+    task's own `compile("adam")` does, and on a plain model no metrics.
 
     Args:
       optimizer: one Keras optimizer (cloned per module: the argument itself
         is never updated), a name such as "adam", a list of K optimizers
         (each cloned onto its module's device), or a callable
-        `k -> optimizer` (k = 0..K-1). Module k's optimizer also trains its
+        `k -> optimizer` (k = 0..K-1); "auto": the task's (e.g. `Adam(2e-5)`
+        for a causal LM), else "adam". Module k's optimizer also trains its
         aux head.
       loss: a loss name, a `keras.losses.Loss` (any reduction: its
         per-example values are used) or a callable `(y_true, y_pred) ->
-        per-example loss [batch]`; None: the default loss of the keras_hub
-        task `from_keras` split (what its own `compile` picks, e.g.
-        `SparseCategoricalCrossentropy(from_logits=True)`;
-        `task_defaults`), else sparse softmax cross-entropy on logits.
-        Every module's loss L_k applies it to its own logits.
+        per-example loss [batch]`; None or "auto": the task's (e.g.
+        `SparseCategoricalCrossentropy(from_logits=True)`), else sparse
+        softmax cross-entropy on logits. Every module's loss L_k applies it
+        to its own logits.
       metrics: None, one metric or a list, as for Keras: names ("accuracy",
         "sparse_top_k_categorical_accuracy", ...), `keras.metrics.Metric`
         objects that average per-example values (e.g.
-        `SparseTopKCategoricalAccuracy(k=2)`), or per-example callables.
-        Every exit gets its own copy, logged "module_k/<name>"; the
-        network's also as "<name>" (see `keras_metrics`).
+        `SparseTopKCategoricalAccuracy(k=2)`), or per-example callables;
+        unweighted. "auto": the task's, else none. Every exit gets its own
+        copy, logged "module_k/<name>"; the network's also as "<name>"
+        (see `keras_metrics`).
       steps_per_execution: training steps unrolled into one `tf.function`
         call (`InterlockTrainer.train_loop`'s `steps_per_loop`); None: the
         model's options' (default 1).
@@ -304,6 +310,12 @@ class InterlockModel(keras.Model):
       execution_options: a `tf_interlock.ExecutionOptions` (how each call
         runs its steps, and `fit`'s tf.data autotuning); None: the model's
         options'. Saved with the compile config.
+      weighted_metrics: the forms `metrics` takes, weighted by `fit`'s and
+        `evaluate`'s `sample_weight` as Keras weighs them: sum(w * value) /
+        sum(w) (per token for a padding mask); without weights, equal to
+        the unweighted. Logged by name, or "weighted_<name>" when a metric
+        before it has that name (Keras's rule). "auto": the task's (e.g.
+        `[SparseCategoricalAccuracy()]` for a causal LM), else none.
       **kwargs: other `keras.Model.compile` arguments are not supported and
         raise.
     """
@@ -319,20 +331,24 @@ class InterlockModel(keras.Model):
     if kwargs:
       raise ValueError(
           f"InterlockModel.compile takes optimizer, loss, metrics, "
-          f"steps_per_execution, jit_compile and execution_options only. "
-          f"Received: {sorted(kwargs)}")
+          f"weighted_metrics, steps_per_execution, jit_compile and "
+          f"execution_options only. Received: {sorted(kwargs)}")
+    # Saved as given: "auto" resolves again when a saved model is loaded.
+    compile_config = _compile_config(optimizer, loss, metrics,
+                                     weighted_metrics, options)
+    # A split keras_hub task trains and logs with its own compile's
+    # defaults.
+    optimizer, loss, metrics, weighted_metrics = task_defaults.resolve(
+        self.interlock_modules, optimizer, loss, metrics, weighted_metrics)
     # The trainer's own forms, named as compile's arguments; a list's
     # optimizers are cloned onto their modules' devices too.
     factory = trainer_lib.optimizer_factory(
         optimizer, self.num_modules, name="optimizer", clone=True)
-    if loss is None:
-      # A split keras_hub task trains with its own compile's default loss.
-      loss = task_defaults.default_loss(self.interlock_modules)
     loss_fn = sample_weights.weighted(losses_lib.per_example_loss(
         losses_lib.sparse_softmax_cross_entropy if loss is None else loss,
         name="loss"), loss)
-    metric_fn, metric_names = keras_metrics.per_example_metrics(metrics)
-    metric_fn = keras_fit.unweighted(metric_fn)
+    metric_fn, metric_names = keras_metrics.per_example_metrics(
+        metrics, weighted_metrics)
     # Keras's own jit_compile stays False: training runs the trainer's
     # loop, which compiles with XLA itself (`jit_compile` below).
     super().compile(optimizer=None, loss=None, metrics=None,
@@ -352,18 +368,20 @@ class InterlockModel(keras.Model):
     self._loss_fn, self._metric_fn = loss_fn, metric_fn
     self._sparse_labels = fit_checks.sparse_loss(loss)
     self._metric_names = metric_names
-    self._make_eval_trackers(metrics, metric_names)
+    self._make_eval_trackers(
+        keras_metrics.as_list(metrics) + keras_metrics.as_list(
+            weighted_metrics), metric_names)
     # Not tracked: a Keras metric object in it would become the model's
     # state (and a locked, built model refuses new state).
-    object.__setattr__(self, "_interlock_compile_config",
-                       _compile_config(optimizer, loss, metrics, options))
+    object.__setattr__(self, "_interlock_compile_config", compile_config)
     self._slots_built = False
     if self.built:
       self._build_trainer_slots(self._input_shape)
 
   def _make_eval_trackers(self, metrics, metric_names):
     """Every exit's evaluation trackers, and which way each value improves
-    (what Keras's callbacks read for their mode="auto")."""
+    (what Keras's callbacks read for their mode="auto"); `metrics`: the
+    metrics, then the weighted ones, in `metric_names`'s order."""
     # Keras locks a built layer's state; compiling a built (or loaded)
     # model adds the evaluation trackers, which hold no weights to save.
     with keras_private.unlocked_tracker(self):
@@ -425,9 +443,10 @@ class InterlockModel(keras.Model):
     weight per example or per label position, e.g. a padding mask, with
     arrays; or a dataset of `(features, labels, weights)`) weights every
     module's losses as Keras does: L_k = sum(w * loss_k) / number of loss
-    values (`sample_weights`); metrics stay unweighted, as Keras's
-    `metrics=`. `class_weight` raises (pass the class's weight per example
-    as `sample_weight`). Other arguments are Keras's.
+    values (`sample_weights`); `compile`'s `weighted_metrics` are weighted
+    as Keras weighs them, its `metrics` stay unweighted. `class_weight`
+    raises (pass the class's weight per example as `sample_weight`). Other
+    arguments are Keras's.
 
     Returns:
       The `History`: the per-epoch logs described in the module docstring.
@@ -689,12 +708,12 @@ class InterlockModel(keras.Model):
     return cls(modules, placement=placement, distribute=distribute, **config)
 
 
-def _compile_config(optimizer, loss, metrics, options):
+def _compile_config(optimizer, loss, metrics, weighted_metrics, options):
   """What `get_compile_config` saves of a `compile` call (its arguments,
   the trainer's `jit_compile` and a non-default execution), or None when
   an argument cannot be saved (`keras_fit.compile_config`)."""
   config = keras_fit.compile_config(optimizer, loss, metrics,
-                                    options.steps_per_loop)
+                                    weighted_metrics, options.steps_per_loop)
   if config is not None:
     config["jit_compile"] = options.jit_compile
     if options.execution != execution_options_lib.ExecutionOptions():

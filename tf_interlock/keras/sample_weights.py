@@ -24,7 +24,7 @@ import tensorflow as tf
 from tf_interlock import losses
 
 
-def _example_shape(shape):
+def example_shape(shape):
   """A shape with its batch axis written as `batch`, for messages."""
   rest = list(shape)[1:]
   return "(batch" + ("".join(f", {d}" for d in rest) if rest else ",") + ")"
@@ -46,8 +46,19 @@ def check_arrays(sample_weight, y):
   raise ValueError(
       f"sample_weight needs one weight per example (shape (batch,)) or one "
       f"per label position (the labels' leading axes: shape "
-      f"{_example_shape(np.shape(y)[:2])}). Received: sample_weight.shape="
+      f"{example_shape(np.shape(y)[:2])}). Received: sample_weight.shape="
       f"{np.shape(sample_weight)} for y.shape={np.shape(y)}")
+
+
+def broadcasts(weights_shape, values_shape):
+  """True unless static shapes say that weights of `weights_shape` cannot
+  multiply values of `values_shape` (same rank; each axis equal, of size
+  1, or unknown)."""
+  if weights_shape.rank is None or values_shape.rank is None:
+    return True
+  return weights_shape.rank == values_shape.rank and all(
+      w in (None, 1) or v is None or w == v
+      for w, v in zip(weights_shape.as_list(), values_shape.as_list()))
 
 
 def _fitted(weights, values):
@@ -57,25 +68,21 @@ def _fitted(weights, values):
   if (weights.shape.rank is not None and values.shape.rank is not None and
       weights.shape.rank == values.shape.rank + 1 and weights.shape[-1] == 1):
     weights = tf.squeeze(weights, -1)
-  if (weights.shape.rank is not None and values.shape.rank is not None and
-      (weights.shape.rank != values.shape.rank or not all(
-          w in (None, 1) or v is None or w == v
-          for w, v in zip(weights.shape.as_list(),
-                          values.shape.as_list())))):
+  if not broadcasts(weights.shape, values.shape):
     what = ("one value per example" if values.shape.rank == 1 else
-            f"one value per position, shape {_example_shape(values.shape)}")
+            f"one value per position, shape {example_shape(values.shape)}")
     raise ValueError(
-        f"sample_weight of shape {_example_shape(weights.shape)} cannot "
+        f"sample_weight of shape {example_shape(weights.shape)} cannot "
         f"weigh the loss, which gives {what}: pass one weight per example "
         f"(batch,) or, for a loss per position (a keras.losses.Loss or "
         f"the default), one per label position. Received: "
-        f"sample_weight.shape={_example_shape(weights.shape)}")
+        f"sample_weight.shape={example_shape(weights.shape)}")
   return tf.cast(weights, values.dtype)
 
 
 def _shapes(nest):
-  """A tensor's shape as `_example_shape` writes it; a nest's, each."""
-  shapes = [_example_shape(getattr(t, "shape", ()))
+  """A tensor's shape as `example_shape` writes it; a nest's, each."""
+  shapes = [example_shape(getattr(t, "shape", ()))
             for t in tf.nest.flatten(nest)]
   return shapes[0] if len(shapes) == 1 else "[" + ", ".join(shapes) + "]"
 

@@ -71,6 +71,9 @@ class KerasSegment(keras.layers.Layer):
       keras_hub task's `compile` picks when given none
       (`task_defaults`), kept by the last piece so that a saved model
       knows it too.
+    compile_defaults: optional {"optimizer", "metrics",
+      "weighted_metrics"}, each serialized or None: the rest of what that
+      compile picks ("auto"), kept the same way.
     **kwargs: base `keras.layers.Layer` arguments.
 
   Call arguments: inputs, the piece's input tensor; training, a Python bool.
@@ -78,7 +81,7 @@ class KerasSegment(keras.layers.Layer):
 
   def __init__(self, model_config, initial_weights=None, custom_objects=None,
                tied_layers=None, trainable_flags=None, origins=None,
-               default_loss=None, **kwargs):
+               default_loss=None, compile_defaults=None, **kwargs):
     super().__init__(**kwargs)
     self._flags_json = json.dumps(trainable_flags or [])
     self._origins_json = json.dumps(origins or {})
@@ -88,6 +91,7 @@ class KerasSegment(keras.layers.Layer):
     self._model_json = json.dumps(model_config)
     self._tied_json = json.dumps(tied_layers or {})
     self._default_loss_json = json.dumps(default_loss)
+    self._compile_defaults_json = json.dumps(compile_defaults)
     self._initial_weights = initial_weights
     # The source model's own layer classes, by class name: a user's layer
     # is rebuilt from its class, as keras.models.clone_model does, without
@@ -153,6 +157,15 @@ class KerasSegment(keras.layers.Layer):
     self._default_loss_json = json.dumps(config)
 
   @property
+  def compile_defaults(self):
+    """The source task's other compile defaults (see Args), or None."""
+    return json.loads(self._compile_defaults_json)
+
+  @compile_defaults.setter
+  def compile_defaults(self, config):
+    self._compile_defaults_json = json.dumps(config)
+
+  @property
   def layer_names(self):
     """The source model's layers this piece holds, in depth order."""
     return [c["name"] for c in self.model_config["layers"]
@@ -189,6 +202,8 @@ class KerasSegment(keras.layers.Layer):
       config["origins"] = json.loads(self._origins_json)
     if self.default_loss is not None:
       config["default_loss"] = self.default_loss
+    if self.compile_defaults is not None:
+      config["compile_defaults"] = self.compile_defaults
     return config
 
 
@@ -608,8 +623,9 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
     CausalLM heads) is a copy in each, listed in `body.tied_layers`; the
     trainer keeps the copies one weight (`tied_gradients`). For a keras_hub
     task model, the last module's `body.default_loss` is the loss the
-    task's own `compile` picks when given none (`task_defaults`), which
-    `InterlockModel.compile` uses when its `loss` is None.
+    task's own `compile` picks when given none (`task_defaults`), and
+    `body.compile_defaults` its optimizer, metrics and weighted metrics,
+    which `InterlockModel.compile` uses for "auto".
 
   Raises:
     ValueError: in one line, e.g. naming a layer whose `get_config` fails
@@ -619,8 +635,8 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
   num_classes = int_args.as_int(num_classes)
   _checked_graph(model)
   name = name or model.name
-  # A keras_hub task's own default loss, for a compile that names none.
-  task_loss = task_defaults.compile_loss(model)
+  # A keras_hub task's own defaults, for a compile that leaves them "auto".
+  task_loss, task_compile = task_defaults.compile_defaults(model)
   # Nested functional and Sequential models are inlined, so that cuts may
   # go inside them (the transfer-learning idiom), and a layer called twice
   # (tied weights) becomes a copy per call, recorded in `ties`
@@ -697,6 +713,7 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
                            num_classes, name, ties)
   keras_origins.record(modules, source, sources)
   modules[-1].body.default_loss = task_loss
+  modules[-1].body.compile_defaults = task_compile
   return modules
 
 
