@@ -17,8 +17,8 @@ from tf_interlock import export as export_lib
 from tf_interlock.keras import split as keras_split
 from tf_interlock.keras.model import InterlockModel
 
-# Tiny configurations (random weights, nothing downloaded): about 45 s in
-# all on 2 cores, in make test.
+# Tiny configurations (random weights, nothing downloaded), in make test;
+# the fresh process that loads a saved one is make test-slow's.
 
 VOCAB, LENGTH, BATCH = 32, 8, 4
 
@@ -38,6 +38,15 @@ def gpt2_lm(seed=0):
             "padding_mask": keras.Input((LENGTH,), dtype="int32",
                                         name="padding_mask")}
   return keras.Model(inputs, keras.layers.Dense(VOCAB)(backbone(inputs)))
+
+
+def gpt2_2wise():
+  """gpt2_lm split in 4, compiled for 2-wise training with Adam."""
+  model = InterlockModel(keras_split.from_keras(gpt2_lm(), 4),
+                         strategy="2wise", placement="simulated")
+  model.compile(keras.optimizers.Adam(1e-2),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return model
 
 
 def lm_data(num=2 * BATCH, seed=0):
@@ -63,10 +72,7 @@ def test_gpt2_splits_inside_the_backbone_and_every_module_reads_the_mask():
 
 def test_gpt2_trains_2wise_exports_every_exit_and_reloads(tmp_path):
   x, y, weights = lm_data()
-  model = InterlockModel(keras_split.from_keras(gpt2_lm(), 4),
-                         strategy="2wise", placement="simulated")
-  model.compile(keras.optimizers.Adam(1e-2),
-                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model = gpt2_2wise()
   history = model.fit(x, y, sample_weight=weights, batch_size=BATCH,
                       epochs=2, shuffle=False, verbose=0).history
   for k in range(1, 5):
@@ -83,7 +89,21 @@ def test_gpt2_trains_2wise_exports_every_exit_and_reloads(tmp_path):
     np.testing.assert_allclose(served.signatures[name](**feed)["logits"],
                                want, atol=1e-4)
   model.save(tmp_path / "lm.keras")
-  # Loaded in a fresh process, as a user's serving job would.
+  # Loaded back (here; in a fresh process, as a serving job would, by the
+  # slow test below): the same model, the same predictions to the bit.
+  loaded = keras.models.load_model(tmp_path / "lm.keras")
+  np.testing.assert_array_equal(loaded.predict(x, verbose=0),
+                                model.predict(x, verbose=0))
+
+
+@pytest.mark.slow
+def test_gpt2_saved_split_loads_in_a_fresh_process(tmp_path):
+  x, y, weights = lm_data()
+  model = gpt2_2wise()
+  model.fit(x, y, sample_weight=weights, batch_size=BATCH, verbose=0)
+  model.save(tmp_path / "lm.keras")
+  # Loaded in a fresh process, as a user's serving job would: `import
+  # tf_interlock` registers every class the file names.
   np.savez(tmp_path / "x.npz", **x)
   subprocess.run([sys.executable, "-c", _RELOAD, str(tmp_path)], check=True,
                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),

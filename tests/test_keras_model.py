@@ -15,7 +15,7 @@ from tf_interlock.keras.model import InterlockModel
 from tf_interlock.trainer import InterlockTrainer
 
 BATCH = 8
-SIZE = 8  # Small images keep the tests fast; the first test uses 28x28.
+SIZE = 8  # Small images keep the tests fast.
 
 
 def data(num=4 * BATCH, seed=0, size=SIZE):
@@ -55,8 +55,8 @@ class StopAt(keras.callbacks.Callback):
 
 
 def test_fit_with_callbacks_trains_every_module_then_resumes(tmp_path):
-  x, y = data(size=28)
-  model = cnn_model(size=28)
+  x, y = data()
+  model = cnn_model()
   model.build(x.shape)
   start = module_weights(model)
   assert_on_devices(model.trainer, model.placement)
@@ -82,7 +82,7 @@ def test_fit_with_callbacks_trains_every_module_then_resumes(tmp_path):
   assert tf.io.gfile.glob(str(tmp_path / "tb" / "train" / "*"))
   # A fresh process's model resumes from the backup: epoch 2 only, with
   # every module's weights and optimizer state.
-  resumed = cnn_model(size=28)
+  resumed = cnn_model()
   history = resumed.fit(x[:24], y[:24], batch_size=BATCH, epochs=3,
                         verbose=0, validation_data=(x[24:], y[24:]),
                         callbacks=[keras.callbacks.BackupAndRestore(backup)])
@@ -300,8 +300,8 @@ def test_e2e_fit_equals_plain_keras_fit(weighted):
 def test_each_epoch_runs_its_steps_with_a_callback_list_of_the_users():
   # The epoch's step count comes from an on_epoch_begin callback that fit
   # adds; a user's own CallbackList (which Keras uses as given) gets it too.
-  x, y = data(size=28)
-  model = cnn_model(size=28)
+  x, y = data()
+  model = cnn_model()
   seen = []
   callbacks = keras.callbacks.CallbackList(
       [keras.callbacks.LambdaCallback(

@@ -7,6 +7,8 @@ augmentation layers export; callbacks find the direction of every logged
 metric; `model.export`, `get_layer` and `model.strategy` behave as Keras's.
 """
 
+import collections
+
 import keras
 import numpy as np
 import pytest
@@ -42,16 +44,28 @@ def split(source, strategy="2wise"):
                            placement="simulated")
 
 
+TrainedViT = collections.namedtuple(
+    "TrainedViT", "model history callbacks folder source before")
+
+
 @pytest.fixture(scope="module")
 def trained_vit(tmp_path_factory):
-  """The ViT split in 3, trained 2-wise for 3 epochs with validation, an
-  accuracy and a top-k metric, and callbacks monitoring them without
-  `mode=`: (model, history, {name: callback}, folder)."""
+  """The ViT, its FROZEN layers frozen (below), split in 3, trained 2-wise
+  for 3 epochs with validation, an accuracy and a top-k metric, and
+  callbacks monitoring them without `mode=`: a TrainedViT (the callbacks
+  by name, the source model, and FROZEN's and TRAINED's weights before
+  fit, by name)."""
   folder = tmp_path_factory.mktemp("vit")
   x, y = keras_vit.images()
-  model = split(keras_vit.vit(blocks=2))
+  source = keras_vit.vit(blocks=2)
+  for find in FROZEN.values():
+    find(source).trainable = False
+  model = split(source)
   model.compile("adam", metrics=[
       "accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+  model.build((None,) + x.shape[1:])
+  before = {name: _weights(model, find)
+            for name, find in {**FROZEN, **TRAINED}.items()}
   callbacks = {
       "val_accuracy": keras.callbacks.EarlyStopping(
           monitor="val_accuracy", patience=5),
@@ -68,7 +82,19 @@ def trained_vit(tmp_path_factory):
   history = model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0,
                       validation_data=(x[:BATCH], y[:BATCH]),
                       callbacks=list(callbacks.values())).history
-  return model, history, callbacks, folder
+  return TrainedViT(model, history, callbacks, folder, source, before)
+
+
+@pytest.fixture(scope="module")
+def trained_cnn():
+  """The small CNN with its random augmentation, split in 3 and trained
+  2-wise for an epoch (Adam, an accuracy): the model the reload and export
+  tests read (they never train it on)."""
+  x, y = keras_vit.images()
+  model = split(keras_vit.small_cnn(augment=True))
+  model.compile("adam", metrics=["accuracy"])
+  model.fit(x, y, batch_size=BATCH, verbose=0)
+  return model
 
 
 @pytest.mark.parametrize("name", ("vit", "cnn") + TEXT_KINDS)
@@ -89,6 +115,8 @@ def test_trained_split_model_reloads_with_its_state(name, tmp_path,
   x, y = inputs_of(name)
   if name == "vit":
     model = request.getfixturevalue("trained_vit")[0]
+  elif name == "cnn":
+    model = request.getfixturevalue("trained_cnn")
   else:
     model = split(source_model(name))
     model.compile("adam", metrics=["accuracy"])
@@ -131,30 +159,25 @@ TRAINED = {
 }
 
 
-def test_a_layer_frozen_at_any_depth_keeps_its_weights_through_fit():
-  source = keras_vit.vit(blocks=2)
-  for find in FROZEN.values():
-    find(source).trainable = False
-  x, y = keras_vit.images()
-  model = split(source)
-  model.compile(keras.optimizers.SGD(0.1))
-  model.build((None,) + x.shape[1:])
+def _weights(model, find):
+  return [w.numpy() for w in find(model).weights]
+
+
+def test_a_layer_frozen_at_any_depth_keeps_its_weights_through_fit(
+    trained_vit):
+  # trained_vit's source had FROZEN's layers frozen before the split.
+  model, source = trained_vit.model, trained_vit.source
   for name in ("attention_0", "patch_encoder", "attention_1"):
     assert (_trainable_flags(model.get_layer(name)) ==
             _trainable_flags(source.get_layer(name))), name
-
-  def weights(find):
-    return [w.numpy() for w in find(model).weights]
-
-  before = {name: weights(find) for name, find in {**FROZEN,
-                                                   **TRAINED}.items()}
-  model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
+  assert not any(find(model).trainable for find in FROZEN.values())
   for name, find in FROZEN.items():
-    for a, b in zip(before[name], weights(find)):
+    for a, b in zip(trained_vit.before[name], _weights(model, find),
+                    strict=True):
       np.testing.assert_array_equal(a, b, err_msg=name)
   for name, find in TRAINED.items():
-    assert any(np.any(a != b) for a, b in zip(before[name], weights(find))), (
-        name)
+    assert any(np.any(a != b) for a, b in zip(trained_vit.before[name],
+                                              _weights(model, find))), name
 
 
 def test_e2e_fit_with_state_and_a_nested_frozen_layer_equals_plain_keras():
@@ -195,13 +218,11 @@ def test_random_augmentation_exports_and_serves_predicts_values(name,
                                                                 request):
   # Both have RandomFlip and RandomRotation (the ViT's in a nested
   # Sequential): inactive at inference, their seed state still exports.
-  x, y = keras_vit.images()
+  x, _ = keras_vit.images()
   if name == "vit":
     model = request.getfixturevalue("trained_vit")[0]
   else:
-    model = split(keras_vit.small_cnn(augment=True))
-    model.compile("adam")
-    model.fit(x, y, batch_size=BATCH, verbose=0)
+    model = request.getfixturevalue("trained_cnn")
   path = model.export_saved_model(str(tmp_path / "export"))
   loaded = tf.saved_model.load(path)
   for signature, k in (("serving_default", None), ("exit_1", 1),
@@ -212,7 +233,7 @@ def test_random_augmentation_exports_and_serves_predicts_values(name,
 
 
 def test_callbacks_find_every_metrics_direction_without_mode(trained_vit):
-  model, history, callbacks, folder = trained_vit
+  model, history, callbacks, folder = trained_vit[:4]
   # Keras chose max for the accuracies and min for the loss: the best
   # value each kept is the extreme of its epochs.
   for key, callback in callbacks.items():
@@ -226,11 +247,10 @@ def test_callbacks_find_every_metrics_direction_without_mode(trained_vit):
       model.metrics_names)
 
 
-def test_model_export_writes_export_saved_models_savedmodel(tmp_path):
-  x, y = keras_vit.images()
-  model = split(keras_vit.small_cnn(augment=True))
-  model.compile("adam")
-  model.fit(x, y, batch_size=BATCH, verbose=0)
+def test_model_export_writes_export_saved_models_savedmodel(trained_cnn,
+                                                            tmp_path):
+  x, _ = keras_vit.images()
+  model = trained_cnn
   path = model.export(str(tmp_path / "export"), verbose=False)
   loaded = ti.export.load_exported(path)
   assert ti.export.exit_names(loaded) == ["exit_1", "exit_2"]

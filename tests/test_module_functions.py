@@ -88,10 +88,10 @@ def _calls(graph, device):
 
 # Steps 2 and 4, M 1 and 2: the traces do not grow with either. (A loop of
 # 8 steps of 2 microbatches showed the same at twice the graph of (4, 2).)
-# (4, 2) then makes a second loop function, of 2 steps (4 calls per
+# (2, 2) then makes a second loop function, of 4 steps (8 calls per
 # module): it calls the same traced functions.
 @pytest.mark.parametrize("steps_per_loop,microbatches,then",
-                         [(4, 1, None), (2, 2, None), (4, 2, 2)])
+                         [(4, 1, None), (2, 2, 4)])
 def test_each_module_traced_once_whatever_the_steps(steps_per_loop,
                                                     microbatches, then):
   trainer, iterator, _, _ = _traced_run("2wise", steps_per_loop,
