@@ -32,6 +32,7 @@ from train import runtime_env  # noqa: F401  (before TensorFlow)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+import tf_interlock as ti  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from research import real_models_lib as lib  # noqa: E402
 from train import config as config_lib  # noqa: E402
@@ -44,7 +45,9 @@ _MODELS = flags.DEFINE_list(
 _LAYOUTS = flags.DEFINE_list(
     "layouts", ["k2", "k4"], "Layouts of the strategies, comma-separated: "
     "kN is K = N modules on N simulated CPU devices x 1 intra-op thread "
-    "(k2: the fair layout for 2 cores).")
+    "(k2: the fair layout for 2 cores); kNhost is K = N modules on the "
+    "one default device with TF's default threading (no placement: the "
+    "fair layout for e2e).")
 _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "local", "2wise"], "Strategies trained by "
     "InterlockModel.fit on every layout, comma-separated (e2e, local, "
@@ -83,6 +86,14 @@ _AUTOTUNE = flags.DEFINE_bool(
     "data_autotune", False, "tf.data autotuning of the random dataset "
     "every cell's fit reads (off: Keras's iterator teardown waits for the "
     "autotuner, docs/results/fit_speed).")
+_LOOP = flags.DEFINE_enum(
+    "loop", "auto", ["auto", "unrolled", "while"], "ExecutionOptions.loop "
+    "of every strategy cell: how a training call runs its steps "
+    "(tf_interlock/execution_options.py).")
+_LOOP_BLOCK = flags.DEFINE_integer(
+    "loop_block", 1, "ExecutionOptions.loop_block of every strategy cell: "
+    "steps per iteration of a while loop (>= 1; > 1 needs --loop=while).",
+    lower_bound=1)
 _ROLE = flags.DEFINE_string(
     "role", "main", "Internal: main (every cell, each in a child process) "
     "or cell (one --cell of the one --models and --layouts value here).")
@@ -96,7 +107,7 @@ _JSON_OUT = flags.DEFINE_string(
 _CELL_FLAGS = ("steps", "steps_per_execution", "calls", "batch_size",
                "num_layers", "hidden_dim", "num_heads", "seq_len",
                "vocab_size", "image_size", "num_classes", "e2e_aux_heads",
-               "data_autotune")
+               "data_autotune", "loop", "loop_block")
 
 
 def validate():
@@ -114,11 +125,15 @@ def validate():
     config_lib.check_choice("models", name, lib.MODELS)
   for name in _LAYOUTS.value:
     if lib.layout_modules(name) is None:
-      config_lib.fail("layouts", name, "must be kN for an int N >= 1 "
-                      "(K = N modules on N simulated devices), e.g. k2")
+      config_lib.fail("layouts", name, "must be kN or kNhost for an int "
+                      "N >= 1 (K = N modules on N simulated devices, or on "
+                      "the one default device), e.g. k2")
   benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value)
   if _ROLE.value == "cell" and _CELL.value != lib.KERAS:
     benchmark_lib.check_cells([_CELL.value], _BATCH.value, flag="cell")
+  if _LOOP_BLOCK.value > 1 and _LOOP.value != "while":
+    config_lib.fail("loop_block", _LOOP_BLOCK.value,
+                    f"must be 1 unless --loop=while (--loop={_LOOP.value})")
   if _HIDDEN.value % _HEADS.value:
     config_lib.fail("hidden_dim", _HIDDEN.value,
                     f"must be divisible by --num_heads={_HEADS.value}")
@@ -167,6 +182,7 @@ def main_report():
           "steps_per_execution": _STEPS_PER_EXECUTION.value,
           "calls": _CALLS.value, "e2e_aux_heads": _E2E_AUX.value,
           "data_autotune": _AUTOTUNE.value, "goals": lib.GOALS_TEXT,
+          "loop": _LOOP.value, "loop_block": _LOOP_BLOCK.value,
           "onednn": runtime_env.onednn_state(), "cells": cells}
 
 
@@ -179,7 +195,9 @@ def main(argv):
         _MODELS.value[0], _CELL.value, _LAYOUTS.value[0], sizes(),
         steps=_STEPS.value, steps_per_execution=_STEPS_PER_EXECUTION.value,
         calls=_CALLS.value, autotune=_AUTOTUNE.value,
-        e2e_aux_heads=_E2E_AUX.value)))
+        e2e_aux_heads=_E2E_AUX.value,
+        execution=ti.ExecutionOptions(loop=_LOOP.value,
+                                      loop_block=_LOOP_BLOCK.value))))
     return
   report = main_report()
   print(lib.format_table(report))

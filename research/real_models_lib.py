@@ -29,8 +29,11 @@ MODELS = ("gpt2", "bert", "mobilenet_v2")
 # The cell name of plain Keras `fit` (default threading, every core).
 KERAS = "keras"
 # A layout "kN": K = N modules on N simulated devices, 1 intra-op thread
-# each ("k2": the fair layout for 2 cores).
-_LAYOUT = re.compile(r"^k([1-9][0-9]*)$")
+# each ("k2": the fair layout for 2 cores). "kNhost": K = N modules on the
+# host's one default device with TF's default threading, what
+# `InterlockModel` gives without a placement (the fair layout for e2e,
+# whose modules run one after another).
+_LAYOUT = re.compile(r"^k([1-9][0-9]*)(host)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +59,15 @@ class Sizes:
 
 
 def layout_modules(layout):
-  """K of a layout name ("k2" -> 2), or None when it is not one."""
+  """K of a layout name ("k2" -> 2, "k2host" -> 2), or None when it is not
+  one."""
   found = _LAYOUT.match(layout)
   return found and int(found.group(1))
+
+
+def is_host_layout(layout):
+  """Whether `layout` ("kNhost") keeps every module on the default device."""
+  return layout.endswith("host")
 
 
 def set_up_layout(layout):
@@ -134,16 +143,20 @@ def _loss():
   return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def compile_model(model, cell, steps_per_execution, learning_rate=1e-3):
+def compile_model(model, cell, steps_per_execution, learning_rate=1e-3,
+                  execution=None):
   """Compiles `model` (the user's model, or an InterlockModel for a
   strategy cell) alike: Adam, the tasks' loss, no metrics, the same
-  `steps_per_execution`, jit_compile left to each ("auto": off on CPU)."""
-  del cell  # Both compile alike.
+  `steps_per_execution`, jit_compile left to each ("auto": off on CPU);
+  a strategy cell also gets `execution` (`ti.ExecutionOptions`; None: the
+  defaults)."""
   # keras_hub's tasks add an accuracy metric by default ("auto", for the
   # split task too): none here, for plain Keras and every strategy.
+  extra = {} if cell == KERAS or execution is None else {
+      "execution_options": execution}
   model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=_loss(),
                 metrics=None, weighted_metrics=None,
-                steps_per_execution=steps_per_execution)
+                steps_per_execution=steps_per_execution, **extra)
 
 
 def interlock_model(model, cell, placement, num_modules, e2e_aux_heads=False):
@@ -189,26 +202,27 @@ def measure_fit(model, dataset, steps, calls):
 
 
 def run_cell(name, cell, layout, sizes, *, steps, steps_per_execution,
-             calls, autotune=False, e2e_aux_heads=False):
+             calls, autotune=False, e2e_aux_heads=False, execution=None):
   """One cell in this process: model `name` trained by plain Keras
   (`cell` == KERAS, default threading) or by strategy `cell` on `layout`
   (set up first, before any TF op). Its report row."""
   plan = placement = None
-  if cell != KERAS:
+  num_modules = None if cell == KERAS else layout_modules(layout)
+  if cell != KERAS and not is_host_layout(layout):
     plan, placement = set_up_layout(layout)
   start = time.perf_counter()
   model = build_model(name, sizes)
   params = model.count_params()
   if cell != KERAS:
-    model = interlock_model(model, cell, placement, len(plan.module_devices),
+    model = interlock_model(model, cell, placement, num_modules,
                             e2e_aux_heads)
-  compile_model(model, cell, steps_per_execution)
+  compile_model(model, cell, steps_per_execution, execution=execution)
   setup = time.perf_counter() - start  # build, split, compile: no step
   row = measure_fit(model, make_dataset(name, sizes, steps, autotune), steps,
                     calls)
   return dict(row, model=name, strategy=cell,
               layout=None if cell == KERAS else layout,
-              num_modules=None if plan is None else len(plan.module_devices),
+              num_modules=num_modules,
               plan=("default threading" if plan is None
                     else plan.describe()),
               setup_s=setup, params=params,
@@ -289,5 +303,6 @@ def format_table(report):
       f"after the first and {benchmark_lib.WARMUP_CALLS} warm-ups. first s: "
       f"the first fit call (builds, traces, runs). setup s: build, split, "
       f"compile. Plain Keras: its own process, every core; a layout kN: "
-      f"N simulated devices x 1 thread. One process per cell."]
+      f"N simulated devices x 1 thread; kNhost: N modules on the one "
+      f"default device, default threading. One process per cell."]
   return "\n".join(lines)

@@ -32,12 +32,13 @@ def _positive(row, fields):
 @pytest.mark.slow
 def test_tiny_bert_e2e_k2_reports_every_field(tmp_path):
   path = tmp_path / "real.json"
-  proc = run_binary("research.real_models", "--models=bert", "--layouts=k2",
-                    "--strategies=e2e", *TINY, f"--json_out={path}")
+  proc = run_binary("research.real_models", "--models=bert",
+                    "--layouts=k2,k2host", "--strategies=e2e", *TINY,
+                    f"--json_out={path}")
   report = json.loads(path.read_text())
   assert report["steps"] == 2 and report["calls"] == 1
   assert report["sizes"]["batch_size"] == 2 and "issue 45" in report["goals"]
-  keras_row, e2e = report["cells"]
+  keras_row, e2e, host = report["cells"]
   # Plain Keras: its own process, TF's default threading (0: every core).
   assert keras_row["model"] == "bert" and keras_row["strategy"] == "keras"
   assert keras_row["layout"] is None and keras_row["num_modules"] is None
@@ -47,7 +48,12 @@ def test_tiny_bert_e2e_k2_reports_every_field(tmp_path):
   assert e2e["strategy"] == "e2e" and e2e["layout"] == "k2"
   assert e2e["num_modules"] == 2 and e2e["plan"] == "2 devices x 1 thread"
   assert e2e["thread_pools"] == {"intra_op": 1, "inter_op": 2}
-  for row in (keras_row, e2e):
+  # e2e at k2host: 2 modules on the one default device, default threading.
+  assert host["strategy"] == "e2e" and host["layout"] == "k2host"
+  assert host["num_modules"] == 2 and host["plan"] == "default threading"
+  assert host["thread_pools"]["intra_op"] == 0
+  assert sorted(host["goals"]) == sorted(e2e["goals"])
+  for row in (keras_row, e2e, host):
     _positive(row, _CELL_FIELDS)
     assert row["first_call_s"] > row["step_s"]  # it traces
     assert row["steps_per_s"] == pytest.approx(1 / row["step_s"])
@@ -69,12 +75,14 @@ def test_tiny_bert_e2e_k2_reports_every_field(tmp_path):
 def test_a_bad_model_or_layout_is_one_line_naming_it():
   results = refusals.run("research.real_models", [
       ["--models=gpt2,vgg16"], ["--layouts=k2,two"], ["--models=gpt2",
-                                                     "--strategies=e2e,3way"]])
+                                                     "--strategies=e2e,3way"],
+      ["--loop_block=2"]])
   for result, words in zip(results, (
       ["--models='vgg16' is invalid", "must be one of ('gpt2', 'bert', "
        "'mobilenet_v2')"],
       ["--layouts='two' is invalid", "must be kN"],
-      ["--strategies='e2e,3way' is invalid", "'3way' is not a strategy"])):
+      ["--strategies='e2e,3way' is invalid", "'3way' is not a strategy"],
+      ["--loop_block=2 is invalid", "must be 1 unless --loop=while"])):
     lines = result["stderr"].strip().splitlines()
     assert result["code"] == 1 and len(lines) == 1, result
     assert lines[0].startswith("error: ") and all(
