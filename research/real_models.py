@@ -92,8 +92,7 @@ _LOOP = flags.DEFINE_enum(
     "(tf_interlock/execution_options.py).")
 _LOOP_BLOCK = flags.DEFINE_integer(
     "loop_block", 1, "ExecutionOptions.loop_block of every strategy cell: "
-    "steps per iteration of a while loop (>= 1; > 1 needs --loop=while).",
-    lower_bound=1)
+    "steps per iteration of a while loop (>= 1; > 1 needs --loop=while).")
 _ROLE = flags.DEFINE_string(
     "role", "main", "Internal: main (every cell, each in a child process) "
     "or cell (one --cell of the one --models and --layouts value here).")
