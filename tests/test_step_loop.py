@@ -182,6 +182,26 @@ def test_auto_loops_where_steps_have_no_slack():
                          ("gpu", True), ("tpu", False), ("cluster", False)):
     assert placement_lib.get(name).one_process is expected, name
   assert step_loop.resolve_loop("auto", e2e, True, 2) == "unrolled"
+  # On CPUs, a tie of module 1 to the last module (a CausalLM's embedding
+  # and head) makes module 1 wait for the final loss, as end-to-end; a tie
+  # elsewhere leaves module 1 its slack.
+  local = plan("local", 4)
+  tied = lambda ties: step_loop.resolve_loop("auto", local, ties=ties)  # noqa
+  assert [tied(t) for t in ([(0, 3)], [(3, 0)], [(1, 3)], [(0, 2)], [])] == [
+      "while", "while", "unrolled", "unrolled", "unrolled"]
+  # 2-wise at K = 4: module 2 is trained by L_3 (0-based L_2), module 3 by
+  # the final loss. A tie of module 1 to module 2 leaves module 4 working
+  # on step t while module 1 runs t + 1; a tie to module 3 does not.
+  two = plan("2wise", 4)
+  assert [step_loop.resolve_loop("auto", two, ties=[t])
+          for t in ((0, 1), (0, 2))] == ["unrolled", "while"]
+  assert step_loop.resolve_loop("auto", local, False, ties=[(0, 3)]) == (
+      "unrolled")
+  # With a device per module (GPUs, TPUs) the backward after the tie's
+  # gradient still overlaps the next step: unrolled.
+  assert step_loop.resolve_loop("auto", local, ties=[(0, 3)],
+                                on_accelerator=True) == "unrolled"
+  assert step_loop.resolve_loop("auto", e2e, on_accelerator=True) == "while"
   assert step_loop.resolve_loop("unrolled", e2e) == "unrolled"
   with pytest.raises(ValueError, match=r"Received: loop='scan'"):
     step_loop.resolve_loop("scan", e2e)

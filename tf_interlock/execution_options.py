@@ -29,10 +29,14 @@ class ExecutionOptions:
       step written into the graph (module k can start step t + 1 while
       later modules finish step t). "while": one step traced and called by
       a `tf.while_loop` (`step_loop`; the first call traces one step).
-      "auto" (default): "while" where the window covers every module in one
-      process and one replica (no overlap across steps to lose), else
-      "unrolled". Measured: docs/results/tracing/firstcall.md (first call,
-      e2e ResNet-20, K = 2, 8 steps: 12.0 -> 4.1 CPU-s, light both).
+      "auto" (default): "while" in one process and one replica where
+      the window covers every module (no overlap across steps to lose),
+      and on CPUs also where a tied weight such as a CausalLM's embedding
+      couples module 1 to module K (`step_loop.resolve_loop`), else
+      "unrolled". Measured:
+      docs/results/tracing/firstcall.md (first call, e2e ResNet-20, K = 2,
+      8 steps: 12.0 -> 4.1 CPU-s, light both) and
+      docs/results/real_models/README.md (GPT-2, local).
     loop_block: U >= 1, the steps one iteration of a "while" loop runs,
       written out one after another (`step_loop`): the first call traces U
       steps, and modules overlap across the steps of a block, not across

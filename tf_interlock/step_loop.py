@@ -34,17 +34,25 @@ LOOPS = ("unrolled", "while")
 # Where "auto" may loop: one process, one replica (measured and tested
 # there). TPU, cluster and replicated runs keep the unrolled steps they
 # were written and checked with.
-def resolve_loop(loop, plan, one_process=True, replicas=1):
+def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
+                 on_accelerator=False):
   """"unrolled" or "while" for a trainer's `loop` setting.
 
   "auto" is "while" where the steps have no slack to overlap: the final
   loss alone trains every module (`RoutingPlan.end_to_end`: a window
-  n >= K, end-to-end or n-wise over K <= n modules), where module 1's
-  forward at step t + 1 waits for module 1's update at step t, which waits
-  for the backward of every module; the loop then costs at most the
-  overlap of the last modules' updates with module 1's next forward. Local
-  and n-wise with n < K keep the unrolled steps, whose overlap across steps
-  is their speed.
+  n >= K), where module 1's forward at step t + 1 waits for module 1's
+  update at step t, which waits for the backward of every module; the
+  loop then costs at most the overlap of the last modules' updates with
+  module 1's next forward. Local and n-wise with n < K keep the unrolled
+  steps, whose overlap across steps is their speed, with one exception on
+  CPUs: a tied weight that couples module 1 to the last module
+  (`first_waits_for_last`, a keras_hub CausalLM's embedding and head).
+  Module 1's update then waits for the last module's forward and the
+  tie's gradient there, and only the rest of the backward can overlap the
+  next step; on CPU devices that share cores it bought nothing measurable
+  (GPT-2, local and 2-wise, K = 2 and 4: docs/results/real_models), while
+  the unrolled steps cost a 3x longer first call. On accelerators, with a
+  device per module, the unrolled steps keep that overlap.
 
   Args:
     loop: "auto", "unrolled" or "while".
@@ -53,6 +61,10 @@ def resolve_loop(loop, plan, one_process=True, replicas=1):
     one_process: the trainer's placement runs every module in this process
       (`Placement.one_process`).
     replicas: replicas in sync (times the trainer's collective replicas).
+    ties: per tied weight that trains, the 0-based modules holding a copy
+      (`tied_gradients.TiedGradients.modules`).
+    on_accelerator: the modules run on GPUs or TPUs
+      (`Placement.on_accelerator`).
 
   Returns:
     "unrolled" or "while".
@@ -61,12 +73,41 @@ def resolve_loop(loop, plan, one_process=True, replicas=1):
     ValueError: an unknown `loop`, in one line.
   """
   if loop == "auto":
-    return ("while" if plan.end_to_end and one_process
-            and replicas == 1 else "unrolled")
+    no_slack = plan.end_to_end or (
+        not on_accelerator and first_waits_for_last(plan, ties))
+    return "while" if no_slack and one_process and replicas == 1 else (
+        "unrolled")
   if loop not in LOOPS:
     raise ValueError(f"loop must be 'auto' or one of {LOOPS}. "
                      f"Received: loop={loop!r}")
   return loop
+
+
+def first_waits_for_last(plan, ties=()):
+  """Whether module 1's update at step t waits for module K's step t.
+
+  Module k's gradient at step t needs the forward of every module up to
+  the highest loss L_j that trains theta_k. A tied weight adds its other
+  copies' gradients (`tied_gradients`: every copy applies the sum), so
+  module k also waits for the losses that train each copy. End-to-end
+  (window n >= K) the final loss trains module 1; under local learning a
+  keras_hub CausalLM's tie of the token embedding (module 1) to the output
+  head (module K) makes module 1 wait for the final loss's gradient of
+  the head.
+
+  Args:
+    plan: a `routing.RoutingPlan`.
+    ties: per tie, the 0-based modules holding a copy.
+
+  Returns:
+    True when a loss that module 1's update reads is the final loss.
+  """
+  last = plan.num_modules - 1
+  coupled = {0}
+  for modules in ties:
+    if 0 in modules:
+      coupled.update(modules)
+  return any(last in plan.losses_training(k) for k in coupled)
 
 
 def make_while_loop(run_steps, num_steps, before_trace, block=1):

@@ -75,6 +75,11 @@ class TiedGradients:
       self.groups.extend(self._checked(key, members, variables, optimizers,
                                        loss_scaled))
 
+  @property
+  def modules(self):
+    """Per tie that trains, the 0-based modules holding a copy."""
+    return [tuple(k for k, _ in members) for members in self.groups]
+
   @staticmethod
   def _checked(key, members, variables, optimizers, loss_scaled):
     """[(module, positions)] of one tie, or [] when no copy trains."""
