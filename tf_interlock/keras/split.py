@@ -36,6 +36,7 @@ from tf_interlock.keras import fit_checks
 from tf_interlock import int_args
 from tf_interlock.keras import blocks as keras_blocks
 from tf_interlock.keras import flatten as keras_flatten
+from tf_interlock.keras import flops as keras_flops
 from tf_interlock.keras import nodes as keras_nodes
 from tf_interlock.keras import origins as keras_origins
 from tf_interlock import keras_private
@@ -441,67 +442,10 @@ def _segment_config(config, layers, start, stop, t_ins, t_outs, name):
           "input_layers": input_layers, "output_layers": output_layers}
 
 
-def _dense_like_flops(layer, in_shape, out_shape):
-  """2 x multiply-adds of one example for the dense and conv layers."""
-  if isinstance(layer, keras.layers.Dense):
-    return 2 * int(np.prod(in_shape[1:])) * layer.units
-  if isinstance(layer, keras.layers.DepthwiseConv2D):
-    return (2 * int(np.prod(out_shape[1:])) * int(np.prod(layer.kernel_size)))
-  if isinstance(layer, keras.layers.SeparableConv2D):
-    depthwise = 2 * int(np.prod(out_shape[1:-1])) * in_shape[-1] * int(
-        np.prod(layer.kernel_size)) * layer.depth_multiplier
-    return depthwise + 2 * int(np.prod(out_shape[1:-1])) * (
-        in_shape[-1] * layer.depth_multiplier * out_shape[-1])
-  if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D,
-                        keras.layers.Conv3D)):
-    # Each output value: kernel volume x input channels per group MACs.
-    return 2 * int(np.prod(out_shape[1:])) * int(
-        np.prod(layer.kernel_size)) * in_shape[-1] // layer.groups
-  return 0
-
-
-def _known(shape):
-  """A shape with each unknown dimension counted as 1.
-
-  An unknown dimension past the batch axis is, in practice, the sequence
-  length of a model that takes any length (a keras_hub backbone's
-  `(None,)` inputs): every layer's cost is proportional to it, so counting
-  it as 1 scales all costs alike and leaves the balance as it is.
-  """
-  return tuple(1 if d is None else int(d) for d in shape)
-
-
-def layer_flops(layer, node=None):
-  """Estimated forward FLOPs of one example through a built layer.
-
-  Dense and convolution layers count 2 x multiply-adds; a layer with a
-  `flops(input_shape)` method (e.g. `layers.resnet` blocks) reports its own;
-  a nested model sums its layers; anything else (BN, activations, pooling,
-  additions: a few operations per activation) counts 0. An unknown
-  dimension (a sequence length of None) counts as 1 (`_known`).
-
-  Args:
-    layer: a layer of a built functional or Sequential model.
-    node: the layer's node in that model; defaults to its first one.
-
-  Returns:
-    An int.
-  """
-  node = node or keras_private.inbound_nodes(layer)[0]
-  in_shape = _known(node.input_tensors[0].shape) if node.input_tensors else ()
-  out_shape = _known(node.output_tensors[0].shape)
-  if hasattr(layer, "flops"):
-    return int(layer.flops(in_shape[1:]))
-  if isinstance(layer, keras.Model) and hasattr(layer, "layers"):
-    return sum(layer_flops(inner) for inner in layer.layers
-               if not isinstance(inner, keras.layers.InputLayer))
-  return int(_dense_like_flops(layer, in_shape, out_shape))
-
-
 def _flops(layer, node):
   """`layer_flops`, or one line naming the layer and the balance to pass."""
   try:
-    return layer_flops(layer, node)
+    return keras_flops.layer_flops(layer, node)
   except (TypeError, ValueError) as e:
     shape = tuple(node.input_tensors[0].shape) if node.input_tensors else ()
     raise ValueError(
@@ -548,6 +492,33 @@ def _make_aux_head(aux_head, k, shape, num_classes, activation,
                                  activation=activation,
                                  output_shape=output_shape,
                                  synchronized_bn=False, name=name)
+
+
+def _head_maker(graph, layers, aux_head, num_classes):
+  """`(k, feature shape) -> A_k, unbuilt`, for the model's output: its
+  classes (unless `num_classes`), shape and last activation."""
+  if num_classes is None:
+    num_classes = graph.outputs[0].shape[-1]
+  activation = getattr(layers[-1], "activation", None)
+  activation = (None if activation is None else
+                keras.activations.serialize(activation))
+  return lambda k, shape: _make_aux_head(aux_head, k, shape, num_classes,
+                                         activation,
+                                         tuple(graph.outputs[0].shape))
+
+
+def _aux_head_flops(make_head, crossing, ends):
+  """Per block end, the FLOPs of the aux head a module ending there runs
+  on its output (0 after the last block): a full-vocabulary head on a
+  language model costs about as much as one of its layers or more, so
+  the balance counts it (`partition.balanced_split`'s cut costs)."""
+  costs = []
+  for end in ends:
+    boundary = _boundary(crossing, end - 1)
+    head = boundary and make_head(0, tuple(boundary[0].shape))
+    costs.append(0.0 if not head else float(
+        keras_flops.head_flops(head, tuple(boundary[0].shape))))
+  return costs
 
 
 def _cuts_from_split(split, layers, num_modules):
@@ -599,9 +570,10 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
       without the InputLayer), or K - 1 layer names to cut after. A layer
       called several times (tied weights) counts once per call; its later
       calls are named `<name>_call2`, `<name>_call3`, ...
-    balance: "flops" (dense/conv multiply-adds, see `layer_flops`),
-      "params" (parameter counts), or "time" (each block's measured forward
-      time on `sample`, one block at a time).
+    balance: "flops" (each block's multiply-adds, `keras.flops`, plus those
+      of the aux head a module ending there gets), "params" (parameter
+      counts), or "time" (each block's measured forward time on `sample`,
+      one block at a time).
     aux_head: a kind of `layers.aux_heads.KINDS`: "linear" ((pooling
       and) one dense layer; when the model's output is per position,
       [B, T, classes], LayerNormalization and a dense layer at every
@@ -707,7 +679,12 @@ def from_keras(model, num_modules, *, split=None, balance="flops",
                    else keras_nodes.count_params(layer)
                    for layer, node in zip(layers, nodes)]
       costs = [float(sum(per_layer[a:b])) for a, b in zip(starts, ends)]
-    counts = partition.balanced_split(costs, num_modules)
+    cut_costs = None
+    if balance == "flops" and isinstance(aux_head, str):
+      cut_costs = _aux_head_flops(
+          _head_maker(graph, layers, aux_head, num_classes), crossing, ends)
+    counts = partition.balanced_split(costs, num_modules,
+                                      cut_costs=cut_costs)
     cuts = [ends[i] - 1 for i in np.cumsum(counts)[:-1] - 1]
   modules = _build_modules(graph, config, layers, crossing, cuts, aux_head,
                            num_classes, name, ties)
@@ -746,11 +723,7 @@ def _build_modules(graph, config, layers, crossing, cuts, aux_head,
                     [len(layers)]))
   merges, tied = keras_ties.in_pieces(
       ties, [[layer.name for layer in layers[a:b]] for a, b in bounds])
-  if num_classes is None:
-    num_classes = graph.outputs[0].shape[-1]
-  activation = getattr(layers[-1], "activation", None)
-  activation = (None if activation is None else
-                keras.activations.serialize(activation))
+  make_head = _head_maker(graph, layers, aux_head, num_classes)
   modules = []
   for k, (start, stop) in enumerate(bounds, start=1):
     piece = _segment_config(config, layers, start, stop,
@@ -772,9 +745,7 @@ def _build_modules(graph, config, layers, crossing, cuts, aux_head,
                         tied_layers=tied[k - 1], name=f"{name}_segment{k}")
     head = None
     if k < len(bounds) and aux_head is not None:
-      shape = tuple(_boundary(crossing, stop - 1)[0].shape)
-      head = _make_aux_head(aux_head, k, shape, num_classes, activation,
-                            tuple(graph.outputs[0].shape))
+      head = make_head(k, tuple(_boundary(crossing, stop - 1)[0].shape))
     modules.append(InterlockModule(body, aux_head=head,
                                    name=f"{name}_module{k}"))
   return modules
