@@ -79,3 +79,17 @@ def test_the_balance_counts_the_lm_head_and_the_aux_head(aux_head, want):
   modules = keras_split.from_keras(_gpt2(256), 2, aux_head=aux_head)
   assert _layers_per_module(modules) == want, [m.layer_names
                                                 for m in modules]
+
+
+def test_the_balance_counts_a_conv_aux_head_at_each_cut():
+  # Three conv blocks on 28 x 28, 14 x 14 and 7 x 7 (about 56k, 56k and
+  # 28k FLOPs). The authors' head (conv 128, conv 64) after block 1 reads
+  # 28 x 28 features (~120M FLOPs), after block 2 14 x 14 (~30M): with it,
+  # module 1 takes two blocks; with a pooled linear head, one.
+  def conv_blocks(modules):
+    return [sum(n.startswith("conv2d") for n in m.layer_names)
+            for m in modules]
+  assert conv_blocks(keras_split.from_keras(sequential_cnn(), 2,
+                                            aux_head="authors")) == [2, 1]
+  assert conv_blocks(keras_split.from_keras(sequential_cnn(), 2,
+                                            aux_head="linear")) == [1, 2]

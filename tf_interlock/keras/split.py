@@ -511,14 +511,24 @@ def _aux_head_flops(make_head, crossing, ends):
   """Per block end, the FLOPs of the aux head a module ending there runs
   on its output (0 after the last block): a full-vocabulary head on a
   language model costs about as much as one of its layers or more, so
-  the balance counts it (`partition.balanced_split`'s cut costs)."""
-  costs = []
-  for end in ends:
-    boundary = _boundary(crossing, end - 1)
-    head = boundary and make_head(0, tuple(boundary[0].shape))
-    costs.append(0.0 if not head else float(
-        keras_flops.head_flops(head, tuple(boundary[0].shape))))
-  return costs
+  the balance counts it (`partition.balanced_split`'s cut costs).
+
+  One head is made per distinct feature shape. A kind that cannot read
+  some block's features (a conv head after a Dense layer) costs 0 there,
+  as before heads were counted: if the balance cuts there, building the
+  modules raises its one-line error."""
+  by_shape = {}
+  for end in ends[:-1]:
+    shape = tuple(_boundary(crossing, end - 1)[0].shape)
+    if shape not in by_shape:
+      try:
+        head = make_head(0, shape)
+      except (TypeError, ValueError):
+        head = None
+      by_shape[shape] = 0.0 if head is None else float(
+          keras_flops.head_flops(head, shape))
+  return [by_shape[tuple(_boundary(crossing, end - 1)[0].shape)]
+          for end in ends[:-1]] + [0.0]
 
 
 def _cuts_from_split(split, layers, num_modules):
