@@ -8,8 +8,8 @@ t + 1 reads the weights its update at t wrote; TF orders reads and writes per
 variable), so module k can run step t + 1 while later modules finish step t.
 More unrolled steps per call give the runtime more room to overlap (the
 README's benchmark table measures it). Where the window covers every module
-there is no such slack (on CPUs, nor any measurable where a tied weight
-couples module 1 to module K), and `loop="auto"` traces one step and loops it
+there is no such slack, nor any measured on CPUs where a tied weight couples
+module 1 to module K; there `loop="auto"` traces one step and loops it
 instead (`step_loop`), which cuts the first call's tracing and graph
 optimisation to one step's; `graph_optimization` gives the training call a
 lighter graph optimisation on CPU (`tf_private`). Both, the per-module
