@@ -380,7 +380,9 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
   With `costs`, the op costs are measured once in this process, after the
   first strategy was timed (on its trainer, under this process's threads),
   and for a cell of M microbatches also at batch / M, and feed `predict`;
-  without, no prediction is made here.
+  without, no prediction is made here. Where the plan's devices run on
+  more cores than one op holds, each cell's costs are first scaled to its
+  step's work, timed on one op's cores (`work_scale`).
 
   Returns:
     (rows, costs): rows maps a strategy to measured_step_s (and its min and
@@ -400,13 +402,23 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
       # One microbatch's ops, timed M at a time inside one graph.
       micro[m] = profiling.measure_module_costs(trainer, x, y,
                                                 microbatches=m, cores=threads)
-    predicted = None if measured_costs is None else predict(
-        measured_costs, name, num_cores, threads, module_devices,
-        microbatch_costs=micro,
-        ops_per_device=1 + max(module_devices or [0]))
+    predicted, scaling = None, {}
+    if measured_costs is not None:
+      devices = 1 + max(module_devices or [0])
+      scale = 1.0
+      if num_cores and devices > 1 and num_cores > threads:
+        scaling = work_scale(trainer, spec, name, measured_costs,
+                             micro.get(m), threads)
+        scale = scaling["cost_scale"]
+      predicted = predict(
+          [c.scaled(scale) for c in measured_costs], name, num_cores,
+          threads, module_devices,
+          microbatch_costs={n: [c.scaled(scale) for c in v]
+                            for n, v in micro.items()},
+          ops_per_device=devices)
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
-                  "predicted_step_s": predicted,
+                  "predicted_step_s": predicted, **scaling,
                   "examples_per_s": spec.config.run.batch_size / step}
     if m > 1 and m in micro:  # The costs the cell's prediction used.
       rows[name]["microbatch_costs_ms"] = costs_ms(micro[m])
@@ -421,6 +433,52 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
                         fit_epoch_step_s=fit_step["epoch"],
                         fit_epoch_over_train_loop=fit_step["epoch"] / step)
   return rows, measured_costs
+
+
+def work_scale(trainer, spec, name, costs, microbatch_costs, cores,
+               calls=5):
+  """How much of cell `name`'s op costs its step's work really is.
+
+  The op costs are timed one tf.function call at a time, and each call's
+  fixed cost (dispatch, setting up the call's graph, handing back its
+  outputs) lands on its ops: 0.07 ms for an empty function on the 2-core
+  VM, about 0.3 ms for an SGD update, 0.7 ms for the width-512 MLP's aux
+  head on 8 microbatches. The step's graph pays it once for all of its
+  ops, but pays the glue between modules (cutting, routing, metric sums),
+  which no op cost holds. Summed, the costs were 1.14-1.36x a microbatched
+  MLP step's work (docs/results/speed_held/README.md). The step itself is
+  timed here with every thread of the process on the `cores` cores one op
+  holds in the model (`profiling.holding_cores`): the devices' ops take
+  turns there, so its time is the step's work. The model keeps the costs'
+  shares; their sum becomes the step's work.
+
+  Args:
+    trainer: the cell's built `InterlockTrainer`.
+    spec: the benchmark spec it was built from.
+    name: the cell (`parse_cell`).
+    costs, microbatch_costs: the `schedule.ModuleCost`s `predict` is given
+      (the microbatch costs of the cell's M, None for M = 1).
+    cores: the cores one op holds (the plan's threads per device).
+    calls: timed calls of steps_per_loop steps (after `WARMUP_CALLS`).
+
+  Returns:
+    {"serial_step_s": the step's work, "charged_work_s": the op costs'
+    sum (`schedule.step_work`), "cost_scale": their ratio}.
+  """
+  strategy, microbatches = parse_cell(name)
+  if cell_options(name)["recompute"]:
+    costs = memory.recompute_costs(costs)
+    microbatch_costs = microbatch_costs and memory.recompute_costs(
+        microbatch_costs)
+  charged = schedule.step_work(costs, strategy, microbatches,
+                               microbatch_costs=microbatch_costs)
+  dataset = tf.data.Dataset.from_tensors(make_batch(spec)).repeat()
+  iterator = iter(trainer.distribute_dataset(dataset))
+  with profiling.holding_cores(cores):
+    serial = time_calls(lambda: trainer.train_loop(iterator), calls)
+  serial /= spec.config.run.steps_per_loop
+  return {"serial_step_s": serial, "charged_work_s": charged,
+          "cost_scale": serial / charged}
 
 
 def costs_ms(costs):
@@ -590,6 +648,12 @@ def format_table(report):
   if cores:  # Plain Keras had them all: the plans' share of the host.
     lines.append(f"cores in use of {report['num_cores']}: " + ", ".join(
         f"{n} {c}" for n, c in cores.items()))
+  scales = {n: r["cost_scale"] for n, r in report["strategies"].items()
+            if r.get("cost_scale")}
+  if scales:  # The model's op costs, scaled to each step's work.
+    lines.append("op costs scaled to the step's work timed on one op's "
+                 "cores: " + ", ".join(f"{n} {c:.2f}"
+                                        for n, c in scales.items()))
   for run in report.get("runs", []):
     lines += ["", f"Every strategy run on {run['plan']}:", header]
     for name, row in run["strategies"].items():

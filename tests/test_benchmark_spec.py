@@ -1,11 +1,15 @@
 """research.benchmark_lib's workloads are production Configs built by the
 production builders (train/networks.py, train/optimization.py)."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
 
 from research import benchmark_lib
+from step_model import profiling
+from step_model import schedule
 from tf_interlock import placement as placement_lib
 from train import config as config_lib
 from train import optimization
@@ -99,14 +103,60 @@ def test_a_pipeline_cell_is_predicted_from_its_own_microbatch_profile():
       module_devices=devices)
 
   def whole_batch_prediction(name):
-    return benchmark_lib.predict(costs, name, 2, module_devices=devices,
-                                 ops_per_device=2)
+    # Two devices on two cores, one op on one: each cell's costs are
+    # scaled to its step's work (`work_scale`) before they are simulated.
+    scale = rows[name]["cost_scale"]
+    return benchmark_lib.predict([c.scaled(scale) for c in costs], name, 2,
+                                 module_devices=devices, ops_per_device=2)
 
   assert rows["e2e"]["predicted_step_s"] == whole_batch_prediction("e2e")
   piped = rows["e2e-m2"]["predicted_step_s"]
   assert 0 < piped < float("inf")
   assert piped != whole_batch_prediction("e2e-m2")
-  assert all(r["measured_step_s"] > 0 for r in rows.values())
+  for row in rows.values():
+    assert row["measured_step_s"] > 0 and row["serial_step_s"] > 0
+    assert row["cost_scale"] == row["serial_step_s"] / row["charged_work_s"]
+
+
+def test_a_plan_on_one_ops_cores_keeps_the_timed_costs():
+  # One device: timed on one op's cores the step is the step itself, so
+  # its costs are not scaled to it (the prediction would be the measurement).
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
+                                 batch_size=8, steps=1, steps_per_loop=2)
+  placement = placement_lib.make_placement("simulated", 2,
+                                           module_devices=[0, 0])
+  rows, costs = benchmark_lib.measure_strategies(
+      spec, ["local"], placement, num_cores=2, module_devices=[0, 0])
+  assert "cost_scale" not in rows["local"]
+  assert rows["local"]["predicted_step_s"] == benchmark_lib.predict(
+      costs, "local", 2, module_devices=[0, 0], ops_per_device=1)
+
+
+def test_work_scale_times_the_step_on_one_ops_cores(monkeypatch):
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
+                                 batch_size=8, steps=1, steps_per_loop=2)
+  placement = placement_lib.make_placement("simulated", 2,
+                                           module_devices=[0, 1])
+  trainer = benchmark_lib.build_trainer(spec, "local", placement)
+  pinned, holding = [], profiling.holding_cores
+
+  @contextlib.contextmanager
+  def recording(cores):
+    pinned.append(cores)
+    with holding(cores) as chosen:
+      yield chosen
+
+  monkeypatch.setattr(profiling, "holding_cores", recording)
+  cost = schedule.ModuleCost(forward=0.5, input_vjp=0.25, weight_vjp=0.25,
+                             aux=0.5, update=0.5)
+  out = benchmark_lib.work_scale(trainer, spec, "local", [cost, cost], None,
+                                 cores=1, calls=2)
+  # Local at K = 2 charges module 1 F + A + BW + U = 1.75 and module 2
+  # (no aux head, no input VJP) F + BW + U = 1.25.
+  assert out["charged_work_s"] == pytest.approx(3.0)
+  assert pinned == [1]
+  assert 0 < out["serial_step_s"] < 3.0
+  assert out["cost_scale"] == out["serial_step_s"] / 3.0
 
 
 def test_without_op_costs_the_table_shows_dashes_for_the_model():
