@@ -445,8 +445,8 @@ def work_scale(trainer, spec, name, costs, microbatch_costs, cores,
   VM, about 0.3 ms for an SGD update, 0.7 ms for the width-512 MLP's aux
   head on 8 microbatches. The step's graph pays it once for all of its
   ops, but pays the glue between modules (cutting, routing, metric sums),
-  which no op cost holds. Summed, the costs were 1.14-1.36x a microbatched
-  MLP step's work (docs/results/speed_held/README.md). The step itself is
+  which no op cost holds. Summed, the costs were up to 1.36x a step's work
+  (the width-512 MLP, local-m8; docs/results/speed_held/README.md). The step itself is
   timed here with every thread of the process on the `cores` cores one op
   holds in the model (`profiling.holding_cores`): the devices' ops take
   turns there, so its time is the step's work. The model keeps the costs'
@@ -478,7 +478,7 @@ def work_scale(trainer, spec, name, costs, microbatch_costs, cores,
     serial = time_calls(lambda: trainer.train_loop(iterator), calls)
   serial /= spec.config.run.steps_per_loop
   return {"serial_step_s": serial, "charged_work_s": charged,
-          "cost_scale": serial / charged}
+          "cost_scale": serial / charged if charged else 1.0}
 
 
 def costs_ms(costs):

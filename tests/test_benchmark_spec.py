@@ -175,6 +175,19 @@ def test_without_op_costs_the_table_shows_dashes_for_the_model():
   line = next(l for l in table.splitlines() if l.startswith("2wise"))
   assert line.split()[1:] == ["simulated", "50.0", "-", "-", "-", "-",
                               "2.40x", "2.00x", "-", "1.60x", "-"]
+  # No cell was scaled to its step's work: no line says so.
+  assert "op costs scaled" not in table
+
+
+def test_the_table_names_each_cells_cost_scale():
+  rows = {"e2e": {"measured_step_s": 0.10, "predicted_step_s": 0.09,
+                  "cost_scale": 0.8},
+          "local-m8": {"measured_step_s": 0.05, "predicted_step_s": 0.05,
+                       "cost_scale": 0.812}}
+  table = benchmark_lib.format_table(
+      {"placement": "simulated", "strategies": rows})
+  assert ("op costs scaled to the step's work timed on one op's cores: "
+          "e2e 0.80, local-m8 0.81") in table.splitlines()
 
 
 def test_baselines_before_and_after_are_averaged_and_their_drift_named():
