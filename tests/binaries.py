@@ -95,8 +95,9 @@ def run_main(binary, flags_given, capfd):
   return code, out.out, out.err
 
 
-def run_binary(module, *flags, check=True, timeout=300):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+def run_binary(module, *flags, check=True, timeout=300, env=None):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT,
+             **(env or {}))
   proc = subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT,
                         env=env, capture_output=True, text=True,
                         timeout=timeout)

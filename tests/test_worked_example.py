@@ -9,8 +9,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.core.protobuf import rewriter_config_pb2
+from tensorflow.python.framework import meta_graph
+from tensorflow.python.grappler import tf_optimizer
 
 from layers.interlock_module import InterlockModule
+from tf_interlock import tf_private
 from tf_interlock.trainer import InterlockTrainer
 
 W = (2.0, 3.0, 4.0)
@@ -82,3 +87,64 @@ def test_microbatches_match_full_batch_on_worked_example():
   trainer.train_loop(iter(trainer.distribute_dataset(dataset)))
   micro = [float(tf.reshape(m.body.kernel, [])) for m in modules]
   np.testing.assert_allclose(micro, full[:3], atol=1e-6)
+
+
+def _unordered_reads(graph, rewrite_options):
+  """The ReadVariableOps of `graph` that neither precede nor follow a write
+  of the same variable once TF's graph optimiser ran on it with
+  `rewrite_options` (as when a function is instantiated)."""
+  meta = meta_graph.create_meta_graph_def(graph=graph)
+  meta.collection_def["train_op"].node_list.value.extend(
+      t.name for t in graph.outputs)
+  config = config_pb2.ConfigProto()
+  config.graph_options.rewrite_options.CopyFrom(rewrite_options)
+  nodes = {n.name: n for n in tf_optimizer.OptimizeGraph(config, meta).node}
+
+  def ancestors(name):
+    seen, stack = set(), [name]
+    while stack:
+      for i in nodes[stack.pop()].input:
+        parent = i.lstrip("^").split(":")[0]
+        if parent in nodes and parent not in seen:
+          seen.add(parent)
+          stack.append(parent)
+    return seen
+
+  by_variable = {}
+  for node in nodes.values():
+    if node.op == "ReadVariableOp" or node.op.startswith("Assign"):
+      by_variable.setdefault(node.input[0], []).append(node.name)
+  unordered = []
+  for names in by_variable.values():
+    reads = [n for n in names if nodes[n].op == "ReadVariableOp"]
+    for write in (n for n in names if n not in reads):
+      before = ancestors(write)
+      unordered += [r for r in reads
+                    if r not in before and write not in ancestors(r)]
+  return unordered
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_every_read_of_a_weight_precedes_its_update(light):
+  # e2e here: nothing an update needs is computed from modules 1's and 2's
+  # reads of their weights (a linear loss and linear modules), so only
+  # control edges order those reads before the updates, after TF's
+  # optimiser ran (its default passes, and the light ones "auto" uses on
+  # CPUs). Without the engine's edges (`engine._after_reads`) it dropped
+  # both, and one run read the updated theta_2 (theta_1 moved 0.88).
+  modules = scalar_modules()
+  trainer = InterlockTrainer(
+      modules, lambda k: keras.optimizers.SGD(1.0), "e2e",
+      loss_fn=tenth_of_logit, metric_fn=None)
+  x = tf.ones([1, 1])
+  trainer.build(x)
+  iterator = iter(trainer.distribute_dataset(
+      tf.data.Dataset.from_tensors((x, tf.zeros([1]))).repeat()))
+  outer = trainer.loop_function(1).get_concrete_function(iterator).graph
+  call = next(op for op in outer.get_operations()
+              if op.type == "StatefulPartitionedCall")
+  step = outer._get_function(call.get_attr("f").name).graph  # pylint: disable=protected-access
+  rewrites = rewriter_config_pb2.RewriterConfig()
+  if light:
+    tf_private.light_rewrites(rewrites)
+  assert not _unordered_reads(step, rewrites)

@@ -173,6 +173,7 @@ class InterlockStep:
     for k in reversed(range(num_modules)):
       grads[k], incoming = self.module_steps[k].backward(records[k],
                                                          incoming, scales)
+      grads[k] = _after_reads(records[k], incoming, grads[k])
     return grads, metrics
 
   def _lean_gradients(self, features, labels, global_batch_size, scales):
@@ -184,9 +185,28 @@ class InterlockStep:
       step = self.module_steps[k]
       record = step.forward(h, labels, global_batch_size, metrics,
                             None if scales is None else scales[k])
-      grads.append(step.backward(record, {}, scales)[0])
+      grads.append(_after_reads(record, {},
+                                step.backward(record, {}, scales)[0]))
       h = after(grads[k], record.h)
     return grads, metrics
+
+
+def _after_reads(record, sent, grads):
+  """Module k's gradients, handed to its update only once h_k and the
+  cotangents it sends down (`sent`) exist: the ops that read theta_k.
+
+  TF orders a read of a variable before a later write of it with a control
+  edge, and the graph optimiser's dependency pass drops such an edge when
+  another path orders the two ops; a later pass can cut that path. Where
+  nothing the update needs was computed from theta_k's read (the worked
+  example's e2e step: a loss linear in the last module's output, linear
+  modules), TF 2.21 left the reads of theta_1 and theta_2 unordered against
+  their updates, and one CI run's step read the new theta_2: theta_1 moved
+  by 0.88 instead of 1.2 (tests/test_worked_example.py checks the
+  optimised graph). These edges start at the ops that consume the reads,
+  so the update always runs after them.
+  """
+  return after([record.h, sent], grads)
 
 
 def after(tensors, structure):
