@@ -196,15 +196,14 @@ def _after_reads(record, sent, grads):
   cotangents it sends down (`sent`) exist: the ops that read theta_k.
 
   TF orders a read of a variable before a later write of it with a control
-  edge, and the graph optimiser's dependency pass drops such an edge when
-  another path orders the two ops; a later pass can cut that path. Where
-  nothing the update needs was computed from theta_k's read (the worked
-  example's e2e step: a loss linear in the last module's output, linear
-  modules), TF 2.21 left the reads of theta_1 and theta_2 unordered against
-  their updates, and one CI run's step read the new theta_2: theta_1 moved
-  by 0.88 instead of 1.2 (tests/test_worked_example.py checks the
-  optimised graph). These edges start at the ops that consume the reads,
-  so the update always runs after them.
+  edge, and TF 2.21's graph optimiser may drop it (its dependency pass:
+  with that pass off, the edges stay). Where nothing the update needs was
+  computed from theta_k's read (the worked example's e2e step: a loss
+  linear in the last module's output, linear modules), the reads of
+  theta_1 and theta_2 were left unordered against their updates, and one
+  CI run's step read the new theta_2: theta_1 moved by 0.88 instead of 1.2
+  (tests/test_worked_example.py checks the optimised graph). These edges
+  start at the ops that consume the reads, and the optimiser keeps them.
   """
   return after([record.h, sent], grads)
 
