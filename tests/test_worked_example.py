@@ -125,26 +125,30 @@ def _unordered_reads(graph, rewrite_options):
 
 
 @pytest.mark.parametrize("light", [False, True])
-def test_every_read_of_a_weight_precedes_its_update(light):
-  # e2e here: nothing an update needs is computed from modules 1's and 2's
-  # reads of their weights (a linear loss and linear modules), so only
-  # control edges order those reads before the updates, after TF's
-  # optimiser ran (its default passes, and the light ones "auto" uses on
-  # CPUs). Without the engine's edges (`engine._after_reads`) it dropped
-  # both, and one run read the updated theta_2 (theta_1 moved 0.88).
-  modules = scalar_modules()
+@pytest.mark.parametrize("strategy", ["e2e", "local", "2wise"])
+def test_every_read_of_a_weight_precedes_its_update(strategy, light):
+  # Nothing an update needs is computed from some reads of the weights here
+  # (a loss linear in its logit, linear modules): end to end modules 1's
+  # and 2's, and local's aux heads', over 3 unrolled steps. Only control
+  # edges order those reads against the writes, after TF's optimiser ran
+  # (its default passes, and the light ones "auto" uses on CPUs). Without
+  # the engine's edges (`engine._after_reads`) it dropped them, and one
+  # e2e run read the updated theta_2 (theta_1 moved 0.88).
   trainer = InterlockTrainer(
-      modules, lambda k: keras.optimizers.SGD(1.0), "e2e",
-      loss_fn=tenth_of_logit, metric_fn=None)
+      scalar_modules(), lambda k: keras.optimizers.SGD(1.0), strategy,
+      loss_fn=tenth_of_logit, metric_fn=None, steps_per_loop=3)
   x = tf.ones([1, 1])
   trainer.build(x)
   iterator = iter(trainer.distribute_dataset(
       tf.data.Dataset.from_tensors((x, tf.zeros([1]))).repeat()))
-  outer = trainer.loop_function(1).get_concrete_function(iterator).graph
-  call = next(op for op in outer.get_operations()
-              if op.type == "StatefulPartitionedCall")
-  step = outer._get_function(call.get_attr("f").name).graph  # pylint: disable=protected-access
+  outer = trainer.loop_function(3).get_concrete_function(iterator).graph
+  # The steps: in the call's graph (unrolled), or in the function it calls
+  # (looped).
+  graphs = [outer] + [
+      outer._get_function(op.get_attr("f").name).graph  # pylint: disable=protected-access
+      for op in outer.get_operations() if op.type == "StatefulPartitionedCall"]
   rewrites = rewriter_config_pb2.RewriterConfig()
   if light:
     tf_private.light_rewrites(rewrites)
-  assert not _unordered_reads(step, rewrites)
+  for graph in graphs:
+    assert not _unordered_reads(graph, rewrites)

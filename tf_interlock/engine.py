@@ -50,6 +50,7 @@ dependency between them.
 
 import tensorflow as tf
 
+from tf_interlock import metric_names
 from tf_interlock import module_functions
 from tf_interlock import module_step
 from tf_interlock import placement as placement_lib
@@ -173,7 +174,7 @@ class InterlockStep:
     for k in reversed(range(num_modules)):
       grads[k], incoming = self.module_steps[k].backward(records[k],
                                                          incoming, scales)
-      grads[k] = _after_reads(records[k], incoming, grads[k])
+      grads[k] = _after_reads(records[k], incoming, metrics, k, grads[k])
     return grads, metrics
 
   def _lean_gradients(self, features, labels, global_batch_size, scales):
@@ -185,27 +186,30 @@ class InterlockStep:
       step = self.module_steps[k]
       record = step.forward(h, labels, global_batch_size, metrics,
                             None if scales is None else scales[k])
-      grads.append(_after_reads(record, {},
+      grads.append(_after_reads(record, {}, metrics, k,
                                 step.backward(record, {}, scales)[0]))
       h = after(grads[k], record.h)
     return grads, metrics
 
 
-def _after_reads(record, sent, grads):
-  """Module k's gradients, handed to its update only once h_k and the
-  cotangents it sends down (`sent`) exist: the ops that read theta_k.
+def _after_reads(record, sent, metrics, k, grads):
+  """Module k's gradients, handed to its update only once the ops that read
+  theta_k and phi_k exist: h_k, the cotangents it sends down (`sent`), its
+  own loss's cotangent at h_k and its loss (the aux head's, or the final).
 
   TF orders a read of a variable before a later write of it with a control
   edge, and TF 2.21's graph optimiser may drop it (its dependency pass:
   with that pass off, the edges stay). Where nothing the update needs was
-  computed from theta_k's read (the worked example's e2e step: a loss
-  linear in the last module's output, linear modules), the reads of
-  theta_1 and theta_2 were left unordered against their updates, and one
-  CI run's step read the new theta_2: theta_1 moved by 0.88 instead of 1.2
-  (tests/test_worked_example.py checks the optimised graph). These edges
-  start at the ops that consume the reads, and the optimiser keeps them.
+  computed from the read (the worked example: a loss linear in its logit,
+  linear modules), reads were left unordered against writes of the same
+  variable: end to end theta_1's and theta_2's, and local's aux heads' over
+  3 unrolled steps; one CI run's e2e step read the new theta_2 (theta_1
+  moved by 0.88 instead of 1.2). These edges start at the ops that consume
+  the reads, and the optimiser keeps them (tests/test_worked_example.py
+  checks the optimised graphs).
   """
-  return after([record.h, sent], grads)
+  loss = metrics.get(metric_names.metric_name(k, "loss"))
+  return after([record.h, record.own_cot, sent, loss], grads)
 
 
 def after(tensors, structure):
