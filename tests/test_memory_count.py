@@ -35,8 +35,9 @@ def test_the_count_of_one_cell_is_within_20_percent_of_its_measured_peak():
   # 4 modules of 256 x 256 weights (+ bias), momentum and one gradient each:
   # the weights alone are a floor of what was measured.
   assert measured > 3 * 4 * 256 * 257 * 4 / 1e6
-  # Measured 5.86 MB in that order, counted 4.86 (0.83): the count leaves
-  # out about 1 MB that this order holds (docs/results/memory/README.md).
+  # Measured 5.86 MB in that order, counted 4.86 (0.83): the count has no
+  # term for SGD momentum's update scratch, one weight-sized tensor per
+  # variable (plain SGD and Adam: 1.01; docs/results/memory/README.md).
   assert 0.80 <= row["memory_count_over_measured"] <= 1.15, row
 
 
