@@ -35,6 +35,7 @@ from absl import flags  # noqa: E402
 import tf_interlock as ti  # noqa: E402
 from research import benchmark_lib  # noqa: E402
 from research import real_models_lib as lib  # noqa: E402
+from tf_interlock import execution_options  # noqa: E402
 from train import config as config_lib  # noqa: E402
 from train import error_boundary  # noqa: E402
 from train import user_files  # noqa: E402
@@ -87,7 +88,7 @@ _AUTOTUNE = flags.DEFINE_bool(
     "every cell's fit reads (off: Keras's iterator teardown waits for the "
     "autotuner, docs/results/fit_speed).")
 _LOOP = flags.DEFINE_enum(
-    "loop", "auto", ["auto", "unrolled", "while"], "ExecutionOptions.loop "
+    "loop", "auto", list(execution_options.LOOPS), "ExecutionOptions.loop "
     "of every strategy cell: how a training call runs its steps "
     "(tf_interlock/execution_options.py).")
 _LOOP_BLOCK = flags.DEFINE_integer(

@@ -1,69 +1,18 @@
 """A training call as one traced step in a graph loop (`step_loop`): the
 same numbers as the unrolled steps, with one step in the graph."""
 
-import collections
-import functools
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests import helpers
+from tests import loop_runs
 from tf_interlock import module_functions
 from tf_interlock import placement as placement_lib
 from tf_interlock import routing
 from tf_interlock import step_loop
-from tf_interlock.execution_options import ExecutionOptions
-from tf_interlock.trainer import InterlockTrainer
 
 K = 3
-
-
-def _trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
-             num_modules=K, block=1):
-  x, y = helpers.batch(size=8)
-  trainer = InterlockTrainer(
-      helpers.mlp_modules(num_modules, batch_norm=True),
-      lambda k: keras.optimizers.Adam(0.01), strategy,
-      loss_fn=helpers.cross_entropy,
-      placement=placement_lib.make_placement("simulated", num_modules),
-      steps_per_loop=steps_per_loop, num_microbatches=microbatches,
-      options=ExecutionOptions(loop=loop, loop_block=block))
-  trainer.step.functions.traced = traced
-  trainer.build(x)
-  # Different batches every step: the loop must take them in order.
-  rng = np.random.default_rng(3)
-  xs = rng.normal(size=(64, x.shape[1])).astype("float32")
-  ys = rng.integers(0, helpers.NUM_CLASSES, size=(64,)).astype("int32")
-  dataset = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(
-      8, drop_remainder=True).repeat()
-  return trainer, iter(trainer.distribute_dataset(dataset))
-
-
-_Run = collections.namedtuple(
-    "_Run", "metrics built weights trainer iterator")
-
-
-@functools.lru_cache(maxsize=None)
-def _run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
-         block=1):
-  """One trainer's calls of `steps_per_loop`, `steps_per_loop` and 2 steps:
-  their metrics, the weights after build and after the calls, and the
-  trainer and its iterator (to look at the loop functions' graphs).
-
-  Two calls of one loop function and one of another (2 steps: one more
-  trip through the while loop's body after the first step). Cached: the
-  runs are deterministic, and tests only read them (never run them on).
-  """
-  trainer, iterator = _trainer(loop, strategy, microbatches,
-                               steps_per_loop=steps_per_loop, traced=traced,
-                               num_modules=num_modules, block=block)
-  built = helpers.weights(trainer.modules)
-  metrics = [trainer.train_loop(iterator) for _ in range(2)]
-  metrics.append(trainer.train_loop(iterator, num_steps=2))
-  return _Run(metrics, built, helpers.weights(trainer.modules), trainer,
-              iterator)
 
 
 # A loop of 3 steps checks what 4 do. 2-wise loops 4 steps: its looped run
@@ -78,9 +27,9 @@ def _run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
 def test_looped_equals_unrolled_bit_for_bit(strategy, microbatches,
                                             steps_per_loop, num_modules):
   # Both op by op: the loop alone differs, and changes no weight's bit.
-  want, _, want_w, _, _ = _run("unrolled", strategy, microbatches, False,
+  want, _, want_w, _, _ = loop_runs.run("unrolled", strategy, microbatches, False,
                                steps_per_loop, num_modules)
-  got, built, got_w, _, _ = _run("while", strategy, microbatches, False,
+  got, built, got_w, _, _ = loop_runs.run("while", strategy, microbatches, False,
                                  steps_per_loop, num_modules)
   assert len(got_w) == len(want_w)
   for a, b in zip(got_w, want_w):
@@ -103,8 +52,8 @@ def test_looped_equals_unrolled_with_per_module_functions():
   # and op by op do (tests/test_module_functions.py): in the last float
   # bits.
   assert module_functions.MIN_CALLS == 4
-  want, _, want_w, _, _ = _run("unrolled", "2wise", 1, True, 4, K)
-  got, _, got_w, _, _ = _run("while", "2wise", 1, False, 4, K)
+  want, _, want_w, _, _ = loop_runs.run("unrolled", "2wise", 1, True, 4, K)
+  got, _, got_w, _, _ = loop_runs.run("while", "2wise", 1, False, 4, K)
   for a, b in zip(got, want):
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a],
@@ -119,7 +68,7 @@ def test_looped_graph_holds_one_step():
   # says).
   graphs = {}
   for loop, traced in (("unrolled", True), ("while", False)):
-    run = _run(loop, "2wise", 1, traced, 4, K)
+    run = loop_runs.run(loop, "2wise", 1, traced, 4, K)
     graphs[loop] = run.trainer.loop_function(4).get_concrete_function(
         run.iterator).graph
   types = {loop: [op.type for op in g.get_operations()]
@@ -153,7 +102,7 @@ def _batches_per_block(graph):
 
 
 def test_one_step_per_call_runs_no_loop():
-  trainer, iterator = _trainer("while", "2wise", 1, steps_per_loop=1)
+  trainer, iterator = loop_runs.trainer("while", "2wise", 1, steps_per_loop=1)
   graph = trainer.loop_function(1).get_concrete_function(iterator).graph
   assert "While" not in [op.type for op in graph.get_operations()]
   before = helpers.weights(trainer.modules)
@@ -167,8 +116,10 @@ def test_auto_loops_where_steps_have_no_slack():
   plan = routing.make_plan
   resolve = lambda s, k: step_loop.resolve_loop("auto", plan(s, k))  # noqa
   assert [resolve(s, 4) for s in ("e2e", "4wise", "6wise")] == ["while"] * 3
+  # Local learning runs the pipeline (tests/test_pipelined_loop.py), which
+  # keeps its overlap; n-wise with n < K keeps the unrolled steps.
   assert [resolve(s, 4) for s in ("local", "2wise", "3wise")] == [
-      "unrolled"] * 3
+      "pipelined", "unrolled", "unrolled"]
   assert resolve("2wise", 2) == "while"
   e2e = plan("e2e", 4)
   # Each placement class says whether it runs every module in this process;
@@ -184,11 +135,12 @@ def test_auto_loops_where_steps_have_no_slack():
   assert step_loop.resolve_loop("auto", e2e, True, 2) == "unrolled"
   # On CPUs, a tie of module 1 to the last module (a CausalLM's embedding
   # and head) makes module 1 wait for the final loss, as end-to-end; a tie
-  # elsewhere leaves module 1 its slack.
+  # elsewhere leaves module 1 its slack, but couples two modules' updates,
+  # which the pipeline cannot (module k runs step t - k).
   local = plan("local", 4)
   tied = lambda ties: step_loop.resolve_loop("auto", local, ties=ties)  # noqa
   assert [tied(t) for t in ([(0, 3)], [(3, 0)], [(1, 3)], [(0, 2)], [])] == [
-      "while", "while", "unrolled", "unrolled", "unrolled"]
+      "while", "while", "unrolled", "unrolled", "pipelined"]
   # 2-wise at K = 4: module 2 is trained by L_3 (0-based L_2), module 3 by
   # the final loss. A tie of module 1 to module 2 leaves module 4 working
   # on step t while module 1 runs t + 1; a tie to module 3 does not.
@@ -216,9 +168,9 @@ def test_auto_loops_where_steps_have_no_slack():
     ("local", 2, 5, [1, 2]), ("2wise", 3, 4, [2])])
 def test_blocks_of_steps_equal_unrolled_bit_for_bit(strategy, num_modules,
                                                     steps_per_loop, blocks):
-  want, _, want_w, _, _ = _run("unrolled", strategy, 1, False,
+  want, _, want_w, _, _ = loop_runs.run("unrolled", strategy, 1, False,
                                steps_per_loop, num_modules)
-  got, built, got_w, trainer, iterator = _run(
+  got, built, got_w, trainer, iterator = loop_runs.run(
       "while", strategy, 1, False, steps_per_loop, num_modules, block=2)
   for a, b in zip(got_w, want_w):
     np.testing.assert_array_equal(a, b)

@@ -132,7 +132,7 @@ def test_every_read_of_a_weight_precedes_its_update(strategy, light):
   # and 2's, and local's aux heads', over 3 unrolled steps. Only control
   # edges order those reads against the writes, after TF's optimiser ran
   # (its default passes, and the light ones "auto" uses on CPUs). Without
-  # the engine's edges (`engine._after_reads`) it dropped them, and one
+  # the engine's edges (`engine.after_reads`) it dropped them, and one
   # e2e run read the updated theta_2 (theta_1 moved 0.88).
   trainer = InterlockTrainer(
       scalar_modules(), lambda k: keras.optimizers.SGD(1.0), strategy,

@@ -174,7 +174,7 @@ class InterlockStep:
     for k in reversed(range(num_modules)):
       grads[k], incoming = self.module_steps[k].backward(records[k],
                                                          incoming, scales)
-      grads[k] = _after_reads(records[k], incoming, metrics, k, grads[k])
+      grads[k] = after_reads(records[k], incoming, metrics, k, grads[k])
     return grads, metrics
 
   def _lean_gradients(self, features, labels, global_batch_size, scales):
@@ -186,13 +186,13 @@ class InterlockStep:
       step = self.module_steps[k]
       record = step.forward(h, labels, global_batch_size, metrics,
                             None if scales is None else scales[k])
-      grads.append(_after_reads(record, {}, metrics, k,
+      grads.append(after_reads(record, {}, metrics, k,
                                 step.backward(record, {}, scales)[0]))
       h = after(grads[k], record.h)
     return grads, metrics
 
 
-def _after_reads(record, sent, metrics, k, grads):
+def after_reads(record, sent, metrics, k, grads):
   """Module k's gradients, handed to its update only once the ops that read
   theta_k and phi_k exist: h_k, the cotangents it sends down (`sent`), its
   own loss's cotangent at h_k and its loss (the aux head's, or the final).

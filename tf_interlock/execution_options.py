@@ -16,7 +16,7 @@ import dataclasses
 
 from tf_interlock import int_args
 
-LOOPS = ("auto", "unrolled", "while")
+LOOPS = ("auto", "unrolled", "while", "pipelined")
 GRAPH_OPTIMIZATIONS = ("auto", "default", "light")
 
 
@@ -79,10 +79,10 @@ class ExecutionOptions:
                        f"Received: loop_block={block!r}")
     # Frozen: a numpy integer is kept as the Python int it is.
     object.__setattr__(self, "loop_block", int(block))
-    if block > 1 and self.loop == "unrolled":
-      raise ValueError(f"loop_block > 1 runs a while loop; loop='unrolled' "
-                       f"writes every step out. Received: loop_block={block}"
-                       f", loop='unrolled'")
+    if block > 1 and self.loop in ("unrolled", "pipelined"):
+      raise ValueError(f"loop_block > 1 runs blocks of steps in a while "
+                       f"loop; loop={self.loop!r} does not. Received: "
+                       f"loop_block={block}, loop={self.loop!r}")
     if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
       raise ValueError(
           f"graph_optimization must be one of {GRAPH_OPTIMIZATIONS}. "

@@ -21,7 +21,8 @@ iteration i + 1 starts once all of iteration i's steps are done. Module k
 of the block's first step can then no longer start while later modules
 still work on the step before, the overlap the unrolled graph gives (see
 `trainer`); inside a block of U > 1 steps the overlap stays. `resolve_loop`
-loops only where the steps have no such slack, unless asked;
+loops only where the steps have no such slack, or (local learning) runs
+`pipelined_loop`'s pipeline, which keeps it, unless asked;
 docs/results/tracing/firstcall.md measures what the loop saves on the
 first call, and docs/results/tracing/blocks.md what a block of U steps
 keeps of the overlap.
@@ -29,33 +30,38 @@ keeps of the overlap.
 
 import tensorflow as tf
 
-LOOPS = ("unrolled", "while")
+LOOPS = ("unrolled", "while", "pipelined")
 
 # Where "auto" may loop: one process, one replica (measured and tested
 # there). TPU, cluster and replicated runs keep the unrolled steps they
 # were written and checked with.
 def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
-                 on_accelerator=False):
-  """"unrolled" or "while" for a trainer's `loop` setting.
+                 on_accelerator=False, memory_lean=False,
+                 compiles_step=False):
+  """"unrolled", "while" or "pipelined" for a trainer's `loop` setting.
 
   "auto" is "while" where the steps have no slack to overlap: the final
   loss alone trains every module (`RoutingPlan.end_to_end`: a window
   n >= K), where module 1's forward at step t + 1 waits for module 1's
   update at step t, which waits for the backward of every module; the
   loop then costs at most the overlap of the last modules' updates with
-  module 1's next forward. Local and n-wise with n < K keep the unrolled
-  steps, whose overlap across steps is their speed, with one exception on
-  CPUs: a tied weight that couples module 1 to the last module
-  (`first_waits_for_last`, a keras_hub CausalLM's embedding and head).
-  Module 1's update then waits for the last module's forward and the
-  tie's gradient there, and only the rest of the backward can overlap the
-  next step; on CPU devices that share cores it bought nothing measurable
-  (GPT-2, local and 2-wise, K = 2 and 4: docs/results/real_models), while
-  the unrolled steps cost a 3x longer first call. On accelerators, with a
-  device per module, the unrolled steps keep that overlap.
+  module 1's next forward. The same on CPUs where a tied weight couples
+  module 1 to the last module (`first_waits_for_last`, a keras_hub
+  CausalLM's embedding and head): module 1's update then waits for the
+  last module's forward and the tie's gradient there, and only the rest
+  of the backward can overlap the next step; on CPU devices that share
+  cores it bought nothing measurable (GPT-2, local and 2-wise, K = 2 and
+  4: docs/results/real_models), while the unrolled steps cost a 3x longer
+  first call. On CPUs, local learning (window 1, no gradient crossing a
+  module) runs "pipelined" (`pipelined_loop`: module k on step t - k, one
+  traced iteration, the overlap across steps kept;
+  docs/results/tracing/pipelined.md); n-wise with 1 < n < K keeps the
+  unrolled steps, whose overlap across steps is their speed. On
+  accelerators local keeps the unrolled steps too (the pipeline was
+  measured on CPUs only).
 
   Args:
-    loop: "auto", "unrolled" or "while".
+    loop: "auto", "unrolled", "while" or "pipelined".
     plan: the trainer's `routing.RoutingPlan` (which loss trains which
       module; the strategy is read only through it).
     one_process: the trainer's placement runs every module in this process
@@ -65,22 +71,53 @@ def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
       (`tied_gradients.TiedGradients.modules`).
     on_accelerator: the modules run on GPUs or TPUs
       (`Placement.on_accelerator`).
+    memory_lean: the trainer runs local learning's memory-lean order.
+    compiles_step: the trainer compiles each whole replica step with XLA.
 
   Returns:
-    "unrolled" or "while".
+    "unrolled", "while" or "pipelined".
 
   Raises:
-    ValueError: an unknown `loop`, in one line.
+    ValueError: an unknown `loop`, or "pipelined" where it cannot run, in
+      one line.
   """
+  refusal = pipeline_refusal(plan, one_process, replicas, ties, memory_lean,
+                             compiles_step)
   if loop == "auto":
-    no_slack = plan.end_to_end or (
-        not on_accelerator and first_waits_for_last(plan, ties))
-    return "while" if no_slack and one_process and replicas == 1 else (
+    one = one_process and replicas == 1
+    if one and (plan.end_to_end or (
+        not on_accelerator and first_waits_for_last(plan, ties))):
+      return "while"
+    return "pipelined" if refusal is None and not on_accelerator else (
         "unrolled")
   if loop not in LOOPS:
     raise ValueError(f"loop must be 'auto' or one of {LOOPS}. "
                      f"Received: loop={loop!r}")
+  if loop == "pipelined" and refusal is not None:
+    raise ValueError(f"loop='pipelined' runs local learning only, in one "
+                     f"process and one replica: {refusal}. "
+                     f"Received: loop='pipelined'")
   return loop
+
+
+def pipeline_refusal(plan, one_process=True, replicas=1, ties=(),
+                     memory_lean=False, compiles_step=False):
+  """Why a trainer's steps cannot run as `pipelined_loop`'s pipeline, or
+  None where they can: module k's step t must need nothing of a later
+  module's step t (local learning, no tie between modules) and the
+  stages must be this process's one replica's."""
+  if any(plan.vjp_keys):
+    return (f"a gradient crosses a module (a window of {plan.window} "
+            f"over {plan.num_modules} modules)")
+  if any(len(set(modules)) > 1 for modules in ties):
+    return "a tied weight couples two modules' updates"
+  if not one_process or replicas != 1:
+    return f"the steps run on {replicas} replicas or several processes"
+  if memory_lean:
+    return "memory_lean=True runs one module at a time"
+  if compiles_step:
+    return "jit_compile compiles each whole step as one XLA program"
+  return None
 
 
 def first_waits_for_last(plan, ties=()):

@@ -57,6 +57,7 @@ from tf_interlock import exits as exits_lib
 from tf_interlock import losses as losses_lib
 from tf_interlock import metric_names
 from tf_interlock import module_functions
+from tf_interlock import pipelined_loop
 from tf_interlock import placement as placement_lib
 from tf_interlock import step_loop
 from tf_interlock import tf_private
@@ -316,18 +317,30 @@ class InterlockTrainer:
       objects[f"optimizer_{k + 1}"] = opt
     return tf.train.Checkpoint(**objects)
 
+  def _loss_scale(self, k):
+    """Module k's LossScaleOptimizer's scale S_k, or None."""
+    opt = self.optimizers[k]
+    if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+      return None
+    with self.placement.scope(k):
+      return tf.convert_to_tensor(opt.dynamic_scale)
+
   def _loss_scales(self):
     """Per module, its LossScaleOptimizer's scale S_k (else None); or None."""
-    scales = []
-    for k, opt in enumerate(self.optimizers):
-      scales.append(None)
-      if isinstance(opt, keras.optimizers.LossScaleOptimizer):
-        with self.placement.scope(k):
-          scales[k] = tf.convert_to_tensor(opt.dynamic_scale)
+    scales = [self._loss_scale(k) for k in range(self.num_modules)]
     return None if all(s is None for s in scales) else scales
 
-  def _replica_step(self, features, labels):
-    """One step on one replica: routed gradients, then K updates."""
+  def _replicas(self):
+    """The replicas a step's batch is split over: the strategy's, times
+    the processes' of `replicas`."""
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    if self.replicas is not None:  # R processes, each with this batch
+      replicas *= self.replicas.num_replicas
+    return replicas
+
+  def _global_batch(self, features):
+    """The examples a step's losses are averaged over (this replica's
+    static batch times the replicas), after checking the batch."""
     m = self.num_microbatches
     batch = tf.nest.flatten(features)[0].shape[0]
     if batch is None:
@@ -337,11 +350,14 @@ class InterlockTrainer:
       raise ValueError(
           f"The per-replica batch ({batch}) must divide into "
           f"num_microbatches. Received: num_microbatches={m}")
+    return batch * self._replicas()
+
+  def _replica_step(self, features, labels):
+    """One step on one replica: routed gradients, then K updates."""
+    m = self.num_microbatches
+    global_batch = self._global_batch(features)
     context = tf.distribute.get_replica_context()
-    replicas = context.num_replicas_in_sync
-    if self.replicas is not None:  # R processes, each with this batch
-      replicas *= self.replicas.num_replicas
-    global_batch = batch * replicas
+    replicas = self._replicas()
     scales = self._loss_scales()
     # Losses are averaged over the whole global batch, so summing the
     # microbatches' gradients gives the full batch's gradient.
@@ -364,6 +380,70 @@ class InterlockTrainer:
       module_step.update(grads[k], None if scales is None else scales[k],
                          replicas, context, metrics)
     return metrics
+
+  def _module_stage(self, k, microbatches, global_batch):
+    """Module k's whole step under local learning (`pipelined_loop`): its
+    forward, own loss and backward per microbatch, then its update.
+
+    Args:
+      k: the module (0-based).
+      microbatches: `(inputs, labels)`, tuples of the M microbatches'
+        h_{k-1} (the features for k = 0) and targets.
+      global_batch: the examples the losses are averaged over.
+
+    Returns:
+      `((h_k per microbatch, labels), metrics)`: what module k + 1 takes,
+      and module k's metrics of this step.
+    """
+    module_step = self.step.module_steps[k]
+    scale = self._loss_scale(k)
+    # Only S_k is read: no stream arrives from module k + 1.
+    scales = None if scale is None else [None] * k + [scale]
+    grads, metrics, outputs = None, None, []
+    for x_i, l_i in zip(*microbatches):
+      mets = {}
+      record = module_step.forward(x_i, l_i, global_batch, mets, scale)
+      g, _ = module_step.backward(record, {}, scales)
+      g = engine.after_reads(record, {}, mets, k, g)
+      outputs.append(record.h)
+      if grads is None:
+        grads, metrics = g, mets
+      else:  # The microbatches' sums, on module k's device.
+        with self.placement.scope(k):
+          grads = [_add(a, b) for a, b in zip(grads, g)]
+          metrics = {key: metrics[key] + mets[key] for key in metrics}
+    module_step.update(grads, scale, self._replicas(),
+                       tf.distribute.get_replica_context(), metrics)
+    return (tuple(outputs), microbatches[1]), metrics
+
+  def _pipeline_stages(self, inputs, active):
+    """One iteration of `pipelined_loop`: module k's step on `inputs[k]`
+    for each k in `active`, on the one replica; metrics reduced as
+    `_step_metrics` does."""
+    m = self.num_microbatches
+
+    def replica_fn(inputs):
+      outputs, metrics = {}, {}
+      for k in active:
+        if k == 0:
+          features, labels = inputs[0]
+          global_batch = self._global_batch(features)
+          staged = (tuple(_split(features, m)), tuple(_split(labels, m)))
+        else:  # h_{k-1} and the labels, M microbatches of one batch.
+          staged = inputs[k]
+          leaves = tf.nest.flatten(staged[1]) or tf.nest.flatten(staged[0])
+          global_batch = m * leaves[0].shape[0] * self._replicas()
+        outputs[k], mets = self._module_stage(k, staged, global_batch)
+        metrics.update(mets)
+      return outputs, metrics
+
+    outputs, metrics = self.distribute.run(replica_fn, args=(inputs,))
+    outputs = tf.nest.map_structure(
+        lambda v: self.distribute.experimental_local_results(v)[0], outputs)
+    return outputs, {
+        key: self.distribute.reduce(tf.distribute.ReduceOp.SUM, value,
+                                    axis=None)
+        for key, value in metrics.items()}
 
   def _accumulate(self, grads, metrics, more_grads, more_metrics):
     """The sums of two microbatches' gradients and metrics, each module's
@@ -399,7 +479,8 @@ class InterlockTrainer:
     kind = step_loop.resolve_loop(
         self.options.execution.loop, self.plan, self.placement.one_process,
         replicas, () if self._tied is None else self._tied.modules,
-        self.placement.on_accelerator())
+        self.placement.on_accelerator(), self.step.memory_lean,
+        self._compile_step)
 
     def run_steps(iterator, n):
       # The sums of n steps' metrics, the steps written out one after
@@ -417,6 +498,12 @@ class InterlockTrainer:
             key: totals[key] + metrics[key] for key in totals}
       return totals
 
+    if kind == "pipelined":
+      # Module k on step t - k, one iteration traced (`pipelined_loop`).
+      return pipelined_loop.make_pipelined_loop(
+          self._pipeline_stages, self.num_modules, num_steps,
+          lambda copies: self.step.functions.tracing_loop(
+              copies * self.num_microbatches))
     if kind == "while":
       # U steps traced, looped (`step_loop`).
       return step_loop.make_while_loop(
