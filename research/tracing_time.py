@@ -80,9 +80,11 @@ _GRAPPLER = flags.DEFINE_list(
 _LOOPS = flags.DEFINE_list(
     "loops", ["unrolled"], "How each strategy's call runs its steps, "
     "comma-separated: unrolled (every step in the graph), while (one "
-    "step traced, looped: tf_interlock.step_loop) and/or whileU (blocks of "
-    "U steps looped, e.g. while4: ExecutionOptions(loop_block=U)); each is "
-    "one row.")
+    "step traced, looped: tf_interlock.step_loop), whileU (blocks of "
+    "U steps looped, e.g. while4: ExecutionOptions(loop_block=U)), "
+    "pipelined (local only: module k on step t - k, one iteration looped: "
+    "tf_interlock.pipelined_loop) and/or pipelinedU (U iterations a trip); "
+    "each is one row.")
 _JIT = flags.DEFINE_boolean(
     "jit_compile", False, "Compile with XLA: the strategies' "
     "jit_compile=True (each module's functions on simulated devices), and "
@@ -141,11 +143,13 @@ def validate():
 
 def loop_options(value):
   """{"loop": ..., "loop_block": U} of a --loops value, or None when bad:
-  "whileU" is a while loop over blocks of U steps."""
+  "whileU" is a while loop over blocks of U steps, "pipelinedU" a
+  pipeline looping U iterations a trip."""
   if value in ("auto",) + step_loop.LOOPS:
     return {"loop": value, "loop_block": 1}
-  found = re.fullmatch(r"while([1-9][0-9]*)", value)
-  return found and {"loop": "while", "loop_block": int(found.group(1))}
+  found = re.fullmatch(r"(while|pipelined)([1-9][0-9]*)", value)
+  return found and {"loop": found.group(1),
+                    "loop_block": int(found.group(2))}
 
 
 def grappler_options():

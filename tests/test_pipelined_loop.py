@@ -31,12 +31,15 @@ def test_every_module_runs_every_step_once_in_order(num_modules, num_steps):
           if active == tuple(range(num_modules))]
   assert len(full) == max(0, num_steps - num_modules + 1)
   # The graph holds a module's step once per written-out iteration it
-  # works in, and once for the loop body (when there is a loop).
-  written = [active for active in schedule if active not in full[:1]]
-  copies = max(sum(k in active for active in written) + bool(full)
-               for k in range(num_modules))
-  assert pipelined_loop.traced_copies(num_modules, num_steps) == (
-      copies if len(full) > 1 else min(num_modules, num_steps))
+  # works in (the fill, the drain and the full iterations a block of U
+  # leaves over), and U times in the loop body (when there is a loop).
+  for block in (1, 2, 3):
+    trips, rest = divmod(len(full), block)
+    written = [active for active in schedule if active not in full[:1]]
+    copies = {sum(k in active for active in written) + rest
+              + block * bool(trips) for k in range(num_modules)}
+    assert [pipelined_loop.traced_copies(num_modules, num_steps, block)] == (
+        list(copies) if full else [num_steps])
 
 
 # K = 3, 5 steps (two fill, three full iterations in the loop, two drain);
@@ -44,14 +47,19 @@ def test_every_module_runs_every_step_once_in_order(num_modules, num_steps):
 # microbatches; K = 4, 6 steps, two microbatches; K = 2, 4 steps with the
 # per-module functions traced (4 calls each, unrolled). Both sides op by
 # op or both traced: the loop alone differs.
-@pytest.mark.parametrize("microbatches,steps_per_loop,num_modules,traced", [
-    (1, 5, 3, False), (2, 2, 3, False), (2, 6, 4, False), (1, 4, 2, True)])
+# K = 3, 7 steps in blocks of 2 (5 full iterations: one written out, two
+# trips through the loop).
+@pytest.mark.parametrize(
+    "microbatches,steps_per_loop,num_modules,traced,block", [
+        (1, 5, 3, False, 1), (2, 2, 3, False, 1), (2, 6, 4, False, 1),
+        (1, 4, 2, True, 1), (1, 7, 3, False, 2)])
 def test_pipelined_equals_unrolled_bit_for_bit(microbatches, steps_per_loop,
-                                               num_modules, traced):
+                                               num_modules, traced, block):
   want, _, want_w, _, _ = _run("unrolled", "local", microbatches, traced,
                                steps_per_loop, num_modules)
   got, built, got_w, trainer, _ = _run("pipelined", "local", microbatches,
-                                       traced, steps_per_loop, num_modules)
+                                       traced, steps_per_loop, num_modules,
+                                       block=block)
   assert len(got_w) == len(want_w)
   for a, b in zip(got_w, want_w):
     np.testing.assert_array_equal(a, b)
@@ -69,10 +77,11 @@ def test_pipelined_equals_unrolled_bit_for_bit(microbatches, steps_per_loop,
 
 def test_graph_holds_each_module_k_times_not_once_per_step():
   graphs = {}
-  for loop in ("unrolled", "pipelined"):
-    run = _run(loop, "local", 1, False, 5, 3)
-    graphs[loop] = run.trainer.loop_function(5).get_concrete_function(
-        run.iterator).graph
+  for loop, block, steps in (("unrolled", 1, 5), ("pipelined", 1, 5),
+                             ("unrolled", 1, 7), ("pipelined", 2, 7)):
+    run = _run(loop, "local", 1, False, steps, 3, block=block)
+    graphs[loop, block, steps] = run.trainer.loop_function(
+        steps).get_concrete_function(run.iterator).graph
   counts = {}
   for loop, graph in graphs.items():
     ops = [op.type for op in graph.get_operations()]
@@ -84,10 +93,13 @@ def test_graph_holds_each_module_k_times_not_once_per_step():
   # Unrolled: 5 batches read, 5 steps of 3 modules written out. Pipelined:
   # 2 fill iterations read a batch each, the body (a function the While
   # calls) reads one per trip; each module is written 3 times (fill,
-  # body, drain), not 5.
-  assert counts["unrolled"][:3] == (0, 5, 0)
-  assert counts["pipelined"][:3] == (1, 2, 1)
-  assert counts["pipelined"][3] * 5 == counts["unrolled"][3] * 3
+  # body, drain), not 5. 7 steps in blocks of 2: of the 5 full
+  # iterations one is written out and 2 are the body: 5 times, not 7.
+  assert counts["unrolled", 1, 5][:3] == (0, 5, 0)
+  assert counts["pipelined", 1, 5][:3] == (1, 2, 1)
+  assert counts["pipelined", 1, 5][3] * 5 == counts["unrolled", 1, 5][3] * 3
+  assert counts["pipelined", 2, 7][:3] == (1, 3, 2)
+  assert counts["pipelined", 2, 7][3] * 7 == counts["unrolled", 1, 7][3] * 5
 
 
 def test_auto_pipelines_local_learning_only():
@@ -117,9 +129,6 @@ def test_auto_pipelines_local_learning_only():
   # A device per module (GPUs, TPUs): not measured there; unrolled.
   assert resolve("auto", local, on_accelerator=True) == "unrolled"
   assert resolve("pipelined", local, on_accelerator=True) == "pipelined"
-  with pytest.raises(ValueError, match=r"Received: loop_block=2, "
-                     r"loop='pipelined'"):
-    ExecutionOptions(loop="pipelined", loop_block=2)
 
 
 def test_fit_runs_the_pipeline_by_default_and_equals_unrolled():

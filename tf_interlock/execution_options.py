@@ -79,10 +79,10 @@ class ExecutionOptions:
                        f"Received: loop_block={block!r}")
     # Frozen: a numpy integer is kept as the Python int it is.
     object.__setattr__(self, "loop_block", int(block))
-    if block > 1 and self.loop in ("unrolled", "pipelined"):
+    if block > 1 and self.loop == "unrolled":
       raise ValueError(f"loop_block > 1 runs blocks of steps in a while "
-                       f"loop; loop={self.loop!r} does not. Received: "
-                       f"loop_block={block}, loop={self.loop!r}")
+                       f"loop; loop='unrolled' writes every step out. "
+                       f"Received: loop_block={block}, loop='unrolled'")
     if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
       raise ValueError(
           f"graph_optimization must be one of {GRAPH_OPTIMIZATIONS}. "

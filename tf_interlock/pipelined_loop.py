@@ -52,15 +52,20 @@ def iterations(num_modules, num_steps):
           for i in range(num_steps + num_modules - 1)]
 
 
-def traced_copies(num_modules, num_steps):
+def traced_copies(num_modules, num_steps, block=1):
   """How many times the pipelined loop writes one module's step into its
-  graph: K (its K - 1 fill and drain iterations, and the loop body), or S
-  where the call's S steps are fewer than K (every iteration written out).
-  """
-  return min(num_modules, num_steps)
+  graph: its K - 1 fill and drain iterations, the U iterations of the loop
+  body and the r full iterations left over (`make_pipelined_loop`), or S
+  where no iteration of the S steps has every module at work."""
+  full = num_steps - num_modules + 1
+  if full <= 0:
+    return num_steps
+  trips, rest = divmod(full, block)
+  return num_modules - 1 + rest + min(trips * block, block)
 
 
-def make_pipelined_loop(run_stages, num_modules, num_steps, before_trace):
+def make_pipelined_loop(run_stages, num_modules, num_steps, before_trace,
+                        block=1):
   """A `tf.function(iterator) -> mean metrics` over `num_steps` steps.
 
   Args:
@@ -75,6 +80,10 @@ def make_pipelined_loop(run_stages, num_modules, num_steps, before_trace):
     num_steps: S >= 1.
     before_trace: called before tracing with how often the graph holds a
       module's step (`traced_copies`).
+    block: U >= 1, the iterations one trip through the loop runs, written
+      out one after another: the barrier comes every U iterations, and the
+      graph holds U more copies of each module's step (of the full
+      iterations, the r = (S - K + 1) mod U left over are written out).
 
   Returns:
     The loop `tf.function`.
@@ -97,21 +106,29 @@ def make_pipelined_loop(run_stages, num_modules, num_steps, before_trace):
       totals[key] = value if key not in totals else totals[key] + value
 
   every = tuple(range(num_modules))
+  trips, rest = divmod(full, block)
+
+  def run_block(iterator, carry):
+    totals = {}
+    for _ in range(block):
+      carry, metrics = work(iterator, carry, every)
+      add(totals, metrics)
+    return carry, totals
+
   # The body's graph, traced once: the loop below calls it, and its
   # outputs' structure gives the sums their start.
-  body_fn = tf.function(lambda iterator, carry: work(iterator, carry, every),
-                        autograph=False)
+  body_fn = tf.function(run_block, autograph=False)
 
   def loop(iterator):
-    before_trace(traced_copies(num_modules, num_steps))
+    before_trace(traced_copies(num_modules, num_steps, block))
     carry, totals = {}, {}
-    for active in fill:
+    for active in fill + [every] * rest:
       carry, metrics = work(iterator, carry, active)
       add(totals, metrics)
-    if full == 1:
+    if trips == 1:
       carry, metrics = body_fn(iterator, carry)
       add(totals, metrics)
-    elif full > 1:
+    elif trips > 1:
       outputs = body_fn.get_concrete_function(iterator,
                                               carry).structured_outputs[1]
       start = {key: totals[key] if key in totals else
@@ -123,7 +140,7 @@ def make_pipelined_loop(run_stages, num_modules, num_steps, before_trace):
         return n + 1, carry, {key: sums[key] + metrics[key] for key in sums}
 
       _, carry, totals = tf.while_loop(
-          lambda n, *_: n < full, body, (tf.constant(0), carry, start))
+          lambda n, *_: n < trips, body, (tf.constant(0), carry, start))
       totals = dict(totals)
     for active in drain:
       carry, metrics = work(iterator, carry, active)

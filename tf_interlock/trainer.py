@@ -503,7 +503,8 @@ class InterlockTrainer:
       return pipelined_loop.make_pipelined_loop(
           self._pipeline_stages, self.num_modules, num_steps,
           lambda copies: self.step.functions.tracing_loop(
-              copies * self.num_microbatches))
+              copies * self.num_microbatches),
+          self.options.execution.loop_block)
     if kind == "while":
       # U steps traced, looped (`step_loop`).
       return step_loop.make_while_loop(
