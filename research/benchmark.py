@@ -57,7 +57,9 @@ _STRATEGIES = flags.DEFINE_list(
     "strategies", ["e2e", "e2e-m2", "e2e-m4", "e2e-m8", "local", "2wise",
                    "3wise"],
     "Strategies; NAME-mM trains NAME with M microbatches per step (e2e-m4: "
-    "the GPipe-style e2e pipeline, the peer of every strategy).")
+    "the GPipe-style e2e pipeline, the peer of every strategy); a name may "
+    "end with -unrolled, -while or -pipelined, its calls' loop "
+    "(ExecutionOptions.loop; none: auto), e.g. local-unrolled.")
 _PLACEMENT = flags.DEFINE_string(
     "placement", "simulated", "Where modules run: single (one device), "
     "simulated (logical CPU devices, a threading plan each) or gpu.")

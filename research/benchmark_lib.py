@@ -20,6 +20,7 @@ import tensorflow as tf
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
 from tf_interlock import strategy as strategy_lib
+from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
 from step_model import memory
 from step_model import profiling
@@ -106,6 +107,9 @@ def make_spec(model="mlp", num_modules=4, *, preset="resnet20", width=1024,
 # module's forward in its backward, "-lean" runs the memory-lean order
 # (`InterlockTrainer(recompute=..., memory_lean=...)`).
 CELL_OPTIONS = {"rc": "recompute", "lean": "memory_lean"}
+# A cell name may end with how its calls run their steps
+# (`ExecutionOptions.loop`): "local-unrolled"; none: "auto".
+CELL_LOOPS = ("unrolled", "while", "pipelined")
 
 
 def cell_options(name):
@@ -116,14 +120,22 @@ def cell_options(name):
           for suffix, option in CELL_OPTIONS.items()}
 
 
+def cell_loop(name):
+  """The `ExecutionOptions.loop` a cell name ends with ("local-unrolled":
+  "unrolled"), or "auto"."""
+  found = [part for part in name.split("-")[1:] if part in CELL_LOOPS]
+  return found[-1] if found else "auto"
+
+
 def parse_cell(name):
   """A benchmark strategy name: (strategy, microbatches).
 
   "2wise" -> ("2wise", 1); "e2e-m4" -> ("e2e", 4): e2e pipelined over 4
-  microbatches per step; options (`cell_options`) are left out:
-  "local-lean" -> ("local", 1).
+  microbatches per step; options (`cell_options`, `cell_loop`) are left
+  out: "local-lean" -> ("local", 1).
   """
-  while name.rsplit("-", 1)[-1] in CELL_OPTIONS and "-" in name:
+  while "-" in name and (name.rsplit("-", 1)[-1] in CELL_OPTIONS
+                         or name.rsplit("-", 1)[-1] in CELL_LOOPS):
     name = name.rsplit("-", 1)[0]
   match = _MICROBATCHED.match(name)
   if match is None:
@@ -221,8 +233,11 @@ def build_trainer(spec, name, placement, aux_heads=True, jit_compile=False,
                   options=None):
   """The built `InterlockTrainer` of strategy cell `name` (`parse_cell`),
   compiled with XLA or not (`jit_compile`, a bool), run as `options` (a
-  `tf_interlock.ExecutionOptions`; None: the defaults) say."""
+  `tf_interlock.ExecutionOptions`; None: the defaults, with the loop the
+  name ends with, `cell_loop`) say."""
   strategy, microbatches = parse_cell(name)
+  if options is None:
+    options = ExecutionOptions(loop=cell_loop(name))
   trainer = InterlockTrainer(
       build_modules(spec, aux_heads),
       lambda k: optimization.make_optimizer(spec.config, None), strategy,

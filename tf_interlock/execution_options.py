@@ -29,19 +29,26 @@ class ExecutionOptions:
       step written into the graph (module k can start step t + 1 while
       later modules finish step t). "while": one step traced and called by
       a `tf.while_loop` (`step_loop`; the first call traces one step).
-      "auto" (default): "while" in one process and one replica where
-      the window covers every module (no overlap across steps to lose),
-      and on CPUs also where a tied weight such as a CausalLM's embedding
-      couples module 1 to module K (`step_loop.resolve_loop`), else
-      "unrolled". Measured:
+      "pipelined", local learning only: module k on step t - k, one
+      iteration of every module traced and looped (`pipelined_loop`: the
+      first call traces each module about K times, and modules still work
+      on different steps at once). "auto" (default): "while" in one
+      process and one replica where the window covers every module (no
+      overlap across steps to lose), and on CPUs also where a tied weight
+      such as a CausalLM's embedding couples module 1 to module K; on
+      CPUs "pipelined" for local learning where it can run
+      (`step_loop.resolve_loop`); else "unrolled". Measured:
       docs/results/tracing/firstcall.md (first call, e2e ResNet-20, K = 2,
-      8 steps: 12.0 -> 4.1 CPU-s, light both) and
-      docs/results/real_models/README.md (GPT-2, local).
+      8 steps: 12.0 -> 4.1 CPU-s, light both),
+      docs/results/real_models/README.md (GPT-2, local) and
+      docs/results/tracing/pipelined.md (local).
     loop_block: U >= 1, the steps one iteration of a "while" loop runs,
       written out one after another (`step_loop`): the first call traces U
       steps, and modules overlap across the steps of a block, not across
-      blocks. Default 1. Local and n-wise with n < K trade first-call time
-      against steady step time with it: docs/results/tracing/blocks.md.
+      blocks; for "pipelined", the iterations one trip through its loop
+      runs. Default 1. Local and n-wise with n < K trade first-call time
+      against steady step time with it: docs/results/tracing/blocks.md
+      and pipelined.md.
     graph_optimization: the training call's graph optimisation. "light":
       the lighter rewriter config of `tf_private.light_graph_optimization`;
       "default": TF's own; "auto" (default): light where every module runs

@@ -11,7 +11,10 @@ README's benchmark table measures it). Where the window covers every module
 there is no such slack, nor any measured on CPUs where a tied weight couples
 module 1 to module K; there `loop="auto"` traces one step and loops it
 instead (`step_loop`), which cuts the first call's tracing and graph
-optimisation to one step's; `graph_optimization` gives the training call a
+optimisation to one step's. Local learning on CPUs runs as a pipeline in a
+graph loop instead (`pipelined_loop`: module k on step t - k, each
+iteration's modules side by side, one iteration traced; its stages are
+`_pipeline_stages`). `graph_optimization` gives the training call a
 lighter graph optimisation on CPU (`tf_private`). Both, the per-module
 functions' cut-off and `fit`'s data autotuning are `ExecutionOptions`, fixed
 when the trainer is made. Nothing in the step may
