@@ -93,8 +93,8 @@ _LOOP = flags.DEFINE_enum(
     "(tf_interlock/execution_options.py).")
 _LOOP_BLOCK = flags.DEFINE_integer(
     "loop_block", 1, "ExecutionOptions.loop_block of every strategy cell: "
-    "steps (pipelined: iterations) per trip of a loop (>= 1; > 1 not with "
-    "--loop=unrolled).")
+    "steps (pipelined: iterations) per trip of a loop (>= 1; > 1 needs "
+    "--loop=while or pipelined).")
 _ROLE = flags.DEFINE_string(
     "role", "main", "Internal: main (every cell, each in a child process) "
     "or cell (one --cell of the one --models and --layouts value here).")
@@ -132,9 +132,10 @@ def validate():
   benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value)
   if _ROLE.value == "cell" and _CELL.value != lib.KERAS:
     benchmark_lib.check_cells([_CELL.value], _BATCH.value, flag="cell")
-  if _LOOP_BLOCK.value > 1 and _LOOP.value == "unrolled":
+  if _LOOP_BLOCK.value > 1 and _LOOP.value not in ("while", "pipelined"):
     config_lib.fail("loop_block", _LOOP_BLOCK.value,
-                    "must be 1 with --loop=unrolled")
+                    f"must be 1 unless --loop=while or pipelined "
+                    f"(--loop={_LOOP.value})")
   if _HIDDEN.value % _HEADS.value:
     config_lib.fail("hidden_dim", _HIDDEN.value,
                     f"must be divisible by --num_heads={_HEADS.value}")

@@ -209,3 +209,18 @@ def test_baselines_before_and_after_are_averaged_and_their_drift_named():
       before, plain_keras_step_s=0.042)])
   assert "warning" not in benchmark_lib.format_table(
       dict(steady, placement="simulated", strategies={}))
+
+
+def test_a_cells_loop_suffix_reaches_its_trainer():
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
+                                 batch_size=8, steps=1, steps_per_loop=3)
+  placement = placement_lib.make_placement("simulated", 2)
+  loops = {}
+  for name in ("local", "local-unrolled"):
+    trainer = benchmark_lib.build_trainer(spec, name, placement)
+    assert trainer.strategy.name == "local"
+    loops[name] = trainer.options.execution.loop
+    # The call of 3 steps runs the loop asked for ("auto": the pipeline).
+    made = trainer.loop_function(3).python_function.__qualname__
+    assert ("make_pipelined_loop" in made) == (name == "local"), made
+  assert loops == {"local": "auto", "local-unrolled": "unrolled"}

@@ -62,6 +62,15 @@ def test_parse_cell_and_pipeline_peer():
   assert benchmark_lib.parse_cell("2wise") == ("2wise", 1)
   assert benchmark_lib.parse_cell("2wise-sum") == ("2wise-sum", 1)
   assert benchmark_lib.parse_cell("e2e-m4") == ("e2e", 4)
+  # A cell's loop suffix (`cell_loop`) is an option, not the strategy; the
+  # trainer a cell builds runs that loop.
+  assert benchmark_lib.parse_cell("local-unrolled") == ("local", 1)
+  assert benchmark_lib.parse_cell("e2e-m4-lean-while") == ("e2e", 4)
+  assert [benchmark_lib.cell_loop(name) for name in (
+      "local", "local-unrolled", "2wise-m2-pipelined", "e2e-m4-rc-while")] == [
+          "auto", "unrolled", "pipelined", "while"]
+  assert benchmark_lib.cell_options("local-lean-unrolled") == {
+      "recompute": False, "memory_lean": True}
   assert benchmark_lib.is_pipeline("e2e-m2")
   assert not benchmark_lib.is_pipeline("e2e")
   assert not benchmark_lib.is_pipeline("local-m2")

@@ -44,15 +44,15 @@ def test_every_module_runs_every_step_once_in_order(num_modules, num_steps):
 
 # K = 3, 5 steps (two fill, three full iterations in the loop, two drain);
 # 2 steps (fewer than K: no loop, every iteration written out) with two
-# microbatches; K = 4, 6 steps, two microbatches; K = 2, 4 steps with the
+# microbatches; K = 4, 5 steps (two trips); K = 2, 4 steps with the
 # per-module functions traced (4 calls each, unrolled). Both sides op by
 # op or both traced: the loop alone differs.
-# K = 3, 7 steps in blocks of 2 (5 full iterations: one written out, two
+# K = 2, 6 steps in blocks of 2 (5 full iterations: one written out, two
 # trips through the loop).
 @pytest.mark.parametrize(
     "microbatches,steps_per_loop,num_modules,traced,block", [
-        (1, 5, 3, False, 1), (2, 2, 3, False, 1), (2, 6, 4, False, 1),
-        (1, 4, 2, True, 1), (1, 7, 3, False, 2)])
+        (1, 5, 3, False, 1), (2, 2, 3, False, 1), (1, 5, 4, False, 1),
+        (1, 4, 2, True, 1), (1, 6, 2, False, 2)])
 def test_pipelined_equals_unrolled_bit_for_bit(microbatches, steps_per_loop,
                                                num_modules, traced, block):
   want, _, want_w, _, _ = _run("unrolled", "local", microbatches, traced,
@@ -77,9 +77,10 @@ def test_pipelined_equals_unrolled_bit_for_bit(microbatches, steps_per_loop,
 
 def test_graph_holds_each_module_k_times_not_once_per_step():
   graphs = {}
-  for loop, block, steps in (("unrolled", 1, 5), ("pipelined", 1, 5),
-                             ("unrolled", 1, 7), ("pipelined", 2, 7)):
-    run = _run(loop, "local", 1, False, steps, 3, block=block)
+  for loop, block, steps, num_modules in (
+      ("unrolled", 1, 5, 3), ("pipelined", 1, 5, 3), ("unrolled", 1, 6, 2),
+      ("pipelined", 2, 6, 2)):
+    run = _run(loop, "local", 1, False, steps, num_modules, block=block)
     graphs[loop, block, steps] = run.trainer.loop_function(
         steps).get_concrete_function(run.iterator).graph
   counts = {}
@@ -93,13 +94,14 @@ def test_graph_holds_each_module_k_times_not_once_per_step():
   # Unrolled: 5 batches read, 5 steps of 3 modules written out. Pipelined:
   # 2 fill iterations read a batch each, the body (a function the While
   # calls) reads one per trip; each module is written 3 times (fill,
-  # body, drain), not 5. 7 steps in blocks of 2: of the 5 full
-  # iterations one is written out and 2 are the body: 5 times, not 7.
+  # body, drain), not 5. K = 2, 6 steps in blocks of 2: one fill
+  # iteration, and of the 5 full ones one is written out and 2 are the
+  # body: each module 4 times, not 6.
   assert counts["unrolled", 1, 5][:3] == (0, 5, 0)
   assert counts["pipelined", 1, 5][:3] == (1, 2, 1)
   assert counts["pipelined", 1, 5][3] * 5 == counts["unrolled", 1, 5][3] * 3
-  assert counts["pipelined", 2, 7][:3] == (1, 3, 2)
-  assert counts["pipelined", 2, 7][3] * 7 == counts["unrolled", 1, 7][3] * 5
+  assert counts["pipelined", 2, 6][:3] == (1, 2, 2)
+  assert counts["pipelined", 2, 6][3] * 6 == counts["unrolled", 1, 6][3] * 4
 
 
 def test_auto_pipelines_local_learning_only():

@@ -82,7 +82,8 @@ def test_a_bad_model_or_layout_is_one_line_naming_it():
        "'mobilenet_v2')"],
       ["--layouts='two' is invalid", "must be kN"],
       ["--strategies='e2e,3way' is invalid", "'3way' is not a strategy"],
-      ["--loop_block=2 is invalid", "must be 1 unless --loop=while"])):
+      ["--loop_block=2 is invalid",
+       "must be 1 unless --loop=while or pipelined (--loop=auto)"])):
     lines = result["stderr"].strip().splitlines()
     assert result["code"] == 1 and len(lines) == 1, result
     assert lines[0].startswith("error: ") and all(
