@@ -137,7 +137,11 @@ def test_loop_block_reaches_the_trainer(loop_block, loop, block):
   assert (trainer.options.execution.loop, trainer.options.execution.loop_block) == (loop, block)
   iterator = iter(trainer.distribute_dataset(task.train))
   graph = trainer.loop_function(4).get_concrete_function(iterator).graph
-  # Local at K = 4: the library's loop writes the 4 steps out.
+  # Local at K = 4 on the CPU: the library's loop is the pipeline
+  # (tf_interlock.pipelined_loop; 4 steps fill, run one full iteration and
+  # drain it, no While); --loop_block=U loops blocks of U steps.
+  made = trainer.loop_function(4).python_function.__qualname__
+  assert ("make_pipelined_loop" in made) == (loop == "auto"), made
   assert ("While" in [op.type for op in graph.get_operations()]) == (
       loop == "while")
   before = [v.numpy() for v in trainer.variables(0)]

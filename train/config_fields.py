@@ -221,10 +221,11 @@ class RunConfig:
       10, f"Steps run in one traced tf.function call, 1 to "
       f"{MAX_GET_NEXT_CALLS} (TF's get_next limit; any >= 1 on a TPU).")
   loop_block: int = _field(
-      0, "0: the library's loop (steps unrolled for local and n-wise with "
-      "n < K, one step looped otherwise); U in 1..steps_per_loop: a graph "
-      "loop over blocks of U steps, which traces U steps (a faster first "
-      "call) and overlaps modules within a block only.")
+      0, "0: the library's loop (local learning as a pipeline on CPUs, "
+      "module k on step t - k; steps unrolled for n-wise with n < K; one "
+      "step looped otherwise); U in 1..steps_per_loop: a graph loop over "
+      "blocks of U steps, which traces U steps (a faster first call) and "
+      "overlaps modules within a block only.")
   eval_every_steps: int = _field(
       100, "Evaluate every exit on the eval split every this many steps "
       "(>= 1), and at the end.")
