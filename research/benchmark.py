@@ -307,7 +307,8 @@ def simulated_runs(strategies, cores):
       strategy, microbatches = benchmark_lib.parse_cell(name)
       plans[name] = threading_plan.choose_plan(
           costs, strategy, cores, thread_efficiency=_EFFICIENCY.value,
-          num_microbatches=microbatches)[0]
+          num_microbatches=microbatches,
+          loop=benchmark_lib.cell_run_loop(name, k))[0]
   for plan in dict.fromkeys(plans.values()):
     if plan not in runs:
       names = [n for n in strategies if plans[n] == plan]

@@ -19,6 +19,8 @@ import tensorflow as tf
 
 from layers.interlock_module import InterlockModule
 from tf_interlock import placement as placement_lib
+from tf_interlock import routing
+from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
 from tf_interlock.execution_options import ExecutionOptions
 from tf_interlock.trainer import InterlockTrainer
@@ -125,6 +127,16 @@ def cell_loop(name):
   "unrolled"), or "auto"."""
   found = [part for part in name.split("-")[1:] if part in CELL_LOOPS]
   return found[-1] if found else "auto"
+
+
+def cell_run_loop(name, num_modules):
+  """How a trainer of cell `name` on K = `num_modules` simulated devices
+  (one process, one replica, CPUs) runs its calls' steps: the loop the
+  name ends with (`cell_loop`), as `step_loop.resolve_loop` settles it
+  ("local": "pipelined", "e2e": "while", "2wise": "unrolled")."""
+  plan = routing.make_plan(parse_cell(name)[0], num_modules)
+  return step_loop.resolve_loop(
+      cell_loop(name), plan, memory_lean=cell_options(name)["memory_lean"])
 
 
 def parse_cell(name):
@@ -342,7 +354,8 @@ def run_fit(spec, name, placement):
 
 
 def predict(costs, name, num_cores, threads=1, module_devices=None,
-            microbatch_costs=None, ops_per_device=1, contention=1.0):
+            microbatch_costs=None, ops_per_device=1, contention=1.0,
+            loop=None):
   """The schedule model's step seconds for strategy cell `name`, from op
   costs measured under `threads` intra-op threads: an op holds `threads`
   cores, with no further speedup (efficiency 0), as its cost already has
@@ -350,7 +363,10 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
   `schedule.simulate`); a cell whose M is missing scales `costs` by 1/M.
   ops_per_device: see `schedule.simulate`; a simulated plan's process runs
   any device's ops on its inter-op pool of D threads, so pass D there.
-  contention: see `schedule.simulate` (`research.concurrency_probe`)."""
+  contention: see `schedule.simulate` (`research.concurrency_probe`).
+  loop: how the cell's calls run their steps (`InterlockTrainer.loop`);
+  None: as a one-process CPU trainer of the cell runs them
+  (`cell_run_loop`)."""
   strategy, microbatches = parse_cell(name)
   micro = (microbatch_costs or {}).get(microbatches)
   if cell_options(name)["recompute"]:
@@ -361,7 +377,8 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
       threads_per_device=threads, module_devices=module_devices,
       thread_efficiency=0.0,
       microbatch_costs=micro,
-      ops_per_device=ops_per_device, contention=contention).step_time
+      ops_per_device=ops_per_device, contention=contention,
+      loop=loop or cell_run_loop(name, len(costs))).step_time
 
 
 def read_contention(path):
@@ -430,7 +447,7 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
           threads, module_devices,
           microbatch_costs={n: [c.scaled(scale) for c in v]
                             for n, v in micro.items()},
-          ops_per_device=devices)
+          ops_per_device=devices, loop=trainer.loop)
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted, **scaling,

@@ -60,10 +60,11 @@ def predict(costs, strategies, steps_per_loop, blocks):
   """{strategy: {U: step time over a call's written-out steps}}."""
   out = {}
   for name in strategies:
-    unrolled = schedule.simulate(costs, name,
+    unrolled = schedule.simulate(costs, name, loop="while",
                                  loop_block=steps_per_loop).step_time
     out[name] = {u: round(schedule.simulate(
-        costs, name, loop_block=u).step_time / unrolled, 3) for u in blocks}
+        costs, name, loop="while", loop_block=u).step_time / unrolled, 3)
+                 for u in blocks}
   return out
 
 

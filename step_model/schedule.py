@@ -51,6 +51,7 @@ import math
 from typing import Optional, Sequence, Tuple
 
 from tf_interlock import routing
+from tf_interlock import step_loop
 from tf_interlock import strategy as strategy_lib
 
 # Tie-break order of op kinds within one (step, microbatch, module): input
@@ -310,7 +311,7 @@ def contention_factor(slower_s, faster_s, together_s):
 
 
 def _run(template, num_modules, device_of, num_cores, threads, num_steps,
-         ops_per_device=1, contention=1.0, loop_block=None):
+         ops_per_device=1, contention=1.0, loop="unrolled", loop_block=1):
   """List-schedules `num_steps` copies of the step template.
 
   Op id = step * len(template) + template index. Module k's ops run on
@@ -324,9 +325,14 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
     that held it back last (a dep, the previous op on its device, or the op
     that freed a core; None at time 0).
 
-  loop_block: U, or None for unrolled steps: a graph loop over blocks of U
-  steps (`tf_interlock.step_loop`), where every op of step t with t mod U
-  = 0 also waits for every op of step t - 1 (the loop's barrier).
+  loop, loop_block: how the training call runs its steps
+  (`tf_interlock.step_loop`). "unrolled": written out, no barrier. "while":
+  a graph loop over blocks of U steps, where every op of step t with
+  t mod U = 0 also waits for every op of step t - 1 (the loop's barrier).
+  "pipelined" (`tf_interlock.pipelined_loop`): iteration i runs module k's
+  ops of step i - k (a transfer of h_k into module k + 1 counts with module
+  k + 1), and every op of iteration i with i mod U = 0 waits for every op
+  of iteration i - 1.
   """
   size = len(template)
   successors = [[] for _ in template]
@@ -336,12 +342,22 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
   forwards = [[i for i, op in enumerate(template)
                if op.kind == "F" and op.module == k]
               for k in range(num_modules)]
-  def barrier(t):
-    return bool(loop_block) and t > 0 and t % loop_block == 0
+  # The loop's iterations: a step each, or (pipelined) module k's ops of
+  # step i - k in iteration i.
+  shift = [op.module + (op.kind == "T") if loop == "pipelined" else 0
+           for op in template]
+  members = [[] for _ in range(num_steps + max(shift))]
+  for op_id in range(num_steps * size):
+    t, i = divmod(op_id, size)
+    members[t + shift[i]].append(op_id)
+  left = [len(ops) for ops in members]  # Per iteration, ops not finished.
+
+  def barrier(g):  # Iteration g waits for every op of iteration g - 1.
+    return loop != "unrolled" and 0 < g < len(members) and g % loop_block == 0
 
   waits = [len(op.deps) + (op.kind == "F" and t > 0)  # F_k waits U_k(t-1).
-           + barrier(t) for t in range(num_steps) for op in template]
-  left = [size] * num_steps  # Per step, its ops not yet finished.
+           + barrier(t + shift[i])
+           for t in range(num_steps) for i, op in enumerate(template)]
   num_devices = max(device_of) + 1
   queues = [[] for _ in range(num_devices)]  # Per device: (priority, op id).
   ready_at, ready_by = {}, {}
@@ -415,9 +431,10 @@ def _run(template, num_modules, device_of, num_cores, threads, num_steps,
       nexts = [t * size + j for j in successors[i]]
       if template[i].kind == "U" and t + 1 < num_steps:
         nexts += [(t + 1) * size + j for j in forwards[template[i].module]]
-      left[t] -= 1
-      if not left[t] and t + 1 < num_steps and barrier(t + 1):
-        nexts += [(t + 1) * size + j for j in range(size)]
+      g = t + shift[i]
+      left[g] -= 1
+      if not left[g] and barrier(g + 1):
+        nexts += members[g + 1]
       for n in nexts:
         waits[n] -= 1
         if not waits[n]:
@@ -443,7 +460,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
              module_devices=None, thread_efficiency=1.0,
              transfers=None, microbatch_costs=None,
              ops_per_device=1, contention=1.0,
-             loop_block=None) -> ScheduleResult:
+             loop="unrolled", loop_block=1) -> ScheduleResult:
   """Simulates `num_steps` training steps and measures the steady state.
 
   Another num_steps // 2 steps run after them, so that the measured second
@@ -477,9 +494,14 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
     contention: c >= 1, how much slower each of two ops runs when they run
       at once than alone (`slowdown`; `research.concurrency_probe` measures
       it per network). 1: ops on different cores do not slow each other.
-    loop_block: U >= 1 for a training call that loops blocks of U steps
-      (`ExecutionOptions.loop_block`): the first op of each block waits for
-      every op of the block before. None (default): unrolled steps.
+    loop: how a training call runs its steps, as the trainer resolves
+      `ExecutionOptions.loop` (`step_loop.resolve_loop`): "unrolled" (every
+      step written out, no barrier), "while" (a graph loop over blocks of U
+      steps: the first op of each block waits for every op of the block
+      before) or "pipelined" (local learning only: module k on step t - k,
+      a barrier every U iterations; `pipelined_loop`).
+    loop_block: U >= 1 (`ExecutionOptions.loop_block`); above 1 only with
+      "while" or "pipelined".
 
   Returns:
     A `ScheduleResult` (utilization and device_load per device).
@@ -497,8 +519,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       isinstance(contention, (int, float)) and 1.0 <= contention < math.inf):
     raise ValueError(f"contention must be a number >= 1. "
                      f"Received: contention={contention!r}")
-  if loop_block is not None:
-    _check_count("loop_block", loop_block, 1)
+  _check_count("loop_block", loop_block, 1)
   speedup = thread_speedup(threads_per_device, thread_efficiency)
   device_of = _check_devices(module_devices, num_modules)
   num_devices = max(device_of) + 1
@@ -507,6 +528,7 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
   _check_count("num_cores", num_cores, threads_per_device)
   has_aux = [True] * num_modules if has_aux is None else list(has_aux)
   plan = routing.make_plan(strategy, num_modules, has_aux)
+  _check_loop(loop, loop_block, plan)
   microbatch_costs = _microbatch_costs(costs, microbatch_costs,
                                        num_microbatches)
   if speedup != 1.0:
@@ -517,9 +539,24 @@ def simulate(costs: Sequence[ModuleCost], strategy, *, num_microbatches=1,
       _crossings(transfers, device_of, num_microbatches))
   start, finish, blocker = _run(
       template, num_modules, device_of, num_cores, threads_per_device,
-      num_steps + num_steps // 2, ops_per_device, contention, loop_block)
+      num_steps + num_steps // 2, ops_per_device, contention, loop,
+      loop_block)
   return _measure(template, start, finish, blocker, num_steps, device_of,
                   num_devices, num_cores, threads_per_device)
+
+
+def _check_loop(loop, loop_block, plan):
+  """One line for a loop the trainer would not run (`step_loop`)."""
+  if loop not in step_loop.LOOPS:
+    raise ValueError(f"loop must be one of {step_loop.LOOPS}. "
+                     f"Received: loop={loop!r}")
+  if loop == "unrolled" and loop_block > 1:
+    raise ValueError(f"loop_block > 1 needs loop='while' or 'pipelined'. "
+                     f"Received: loop_block={loop_block}, loop={loop!r}")
+  refusal = loop == "pipelined" and step_loop.pipeline_refusal(plan)
+  if refusal:
+    raise ValueError(f"loop='pipelined' runs local learning only: "
+                     f"{refusal}. Received: loop={loop!r}")
 
 
 def _microbatch_costs(costs, microbatch_costs, num_microbatches):

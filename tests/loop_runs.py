@@ -42,9 +42,8 @@ Run = collections.namedtuple(
     "Run", "metrics built weights trainer iterator")
 
 
-@functools.lru_cache(maxsize=None)
 def run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
-         block=1):
+        block=1):
   """One trainer's calls of `steps_per_loop`, `steps_per_loop` and 2 steps:
   their metrics, the weights after build and after the calls, and the
   trainer and its iterator (to look at the loop functions' graphs).
@@ -53,6 +52,16 @@ def run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
   trip through the while loop's body after the first step). Cached: the
   runs are deterministic, and tests only read them (never run them on).
   """
+  # One cache key however `block` is passed (lru_cache keys a keyword
+  # apart from the same value passed by position or left out).
+  return _cached_run(loop, strategy, microbatches, traced, steps_per_loop,
+                     num_modules, block)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_run(loop, strategy, microbatches, traced, steps_per_loop,
+                num_modules, block):
+  """`run`, cached on its arguments in order."""
   made, iterator = trainer(loop, strategy, microbatches,
                            steps_per_loop=steps_per_loop, traced=traced,
                            num_modules=num_modules, block=block)

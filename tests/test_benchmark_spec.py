@@ -224,3 +224,28 @@ def test_a_cells_loop_suffix_reaches_its_trainer():
     made = trainer.loop_function(3).python_function.__qualname__
     assert ("make_pipelined_loop" in made) == (name == "local"), made
   assert loops == {"local": "auto", "local-unrolled": "unrolled"}
+
+
+def test_a_cell_is_predicted_in_the_loop_its_trainer_runs():
+  # The schedule model is given the loop the cell's trainer settles on
+  # (`InterlockTrainer.loop`); `cell_run_loop` names it before any trainer
+  # exists (the plan chooser's predictions).
+  spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
+                                 batch_size=8, steps=1, steps_per_loop=2)
+  placement = placement_lib.make_placement("simulated", 2)
+  want = {"local": "pipelined", "local-unrolled": "unrolled",
+          "local-lean": "unrolled", "local-while": "while", "e2e": "while",
+          "e2e-m2": "while", "2wise": "while", "2wise-m2-rc": "while"}
+  got = {name: benchmark_lib.build_trainer(spec, name, placement).loop
+         for name in want}
+  assert got == want
+  assert {name: benchmark_lib.cell_run_loop(name, 2) for name in want} == want
+  # K = 3: 2-wise no longer covers every module, and keeps the unrolled
+  # steps; the model then predicts other step times for other loops.
+  assert benchmark_lib.cell_run_loop("2wise", 3) == "unrolled"
+  costs = [schedule.ModuleCost(forward=1.0, input_vjp=2.0, weight_vjp=3.0,
+                               aux=0.5, update=0.25)] * 3
+  times = {loop: benchmark_lib.predict(costs, "local", 2, loop=loop)
+           for loop in ("pipelined", "unrolled")}
+  assert times == pytest.approx({"pipelined": 9.0, "unrolled": 6.875})
+  assert benchmark_lib.predict(costs, "local", 2) == times["pipelined"]

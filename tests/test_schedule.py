@@ -221,11 +221,47 @@ def test_a_loop_over_blocks_waits_at_each_block():
   # Blocks of two: step 2's F0 starts at U0's end, 4.75; F1, F2, F3 follow
   # at 5.75, 6.75, 7.75 (device 3 is free from 7.25); BW3 + U3 end at 12:
   # 6 a step. End to end has no slack across steps: no block changes it.
-  local = {u: schedule.simulate([COST] * 4, "local", loop_block=u).step_time
-           for u in (None, 1, 2)}
-  assert local == pytest.approx({None: 4.75, 1: 7.25, 2: 6.0}, abs=1e-9)
+  local = {u: schedule.simulate([COST] * 4, "local", loop="while",
+                                loop_block=u).step_time for u in (1, 2)}
+  assert local == pytest.approx({1: 7.25, 2: 6.0}, abs=1e-9)
+  assert schedule.simulate([COST] * 4, "local").step_time == pytest.approx(
+      4.75, abs=1e-9)
   for u in (1, 2, 3):
-    assert schedule.simulate([COST] * 4, "e2e", loop_block=u).step_time == (
+    assert schedule.simulate([COST] * 4, "e2e", loop="while",
+                             loop_block=u).step_time == (
         pytest.approx(13.25, abs=1e-9))
   with pytest.raises(ValueError, match=r"Received: loop_block=0$"):
-    schedule.simulate([COST] * 4, "local", loop_block=0)
+    schedule.simulate([COST] * 4, "local", loop="while", loop_block=0)
+
+
+def test_the_pipelined_loop_waits_for_the_slowest_module_of_an_iteration():
+  # Local, module k on step i - k in iteration i (pipelined_loop). On a
+  # device per module each iteration runs every module's F, A, BW, U side
+  # by side: the slowest takes f + a + bw + u = 4.75, as the unrolled
+  # steps' cycle, in blocks of 1 or 2 alike.
+  for u in (1, 2):
+    assert schedule.simulate([COST] * 4, "local", loop="pipelined",
+                             loop_block=u).step_time == pytest.approx(
+                                 4.75, abs=1e-9)
+  # K = 3 devices on 2 cores, blocks of one iteration. Earliest step first:
+  # F2 and F1 at 0; then BW2 (1 to 4) and A1 (1 to 1.5), BW1 (1.5 to 4.5),
+  # U2 (4 to 4.25); F0 only then, 4.25 to 5.25, and A0, BW0, U0 end at 9.
+  # The barrier keeps module 0 of the next iteration from filling the
+  # idle core: 9 a step, where the unrolled steps reach the 2-core bound
+  # of the step's work, 13.75 / 2.
+  on_two = {loop: schedule.simulate([COST] * 3, "local", num_cores=2,
+                                    loop=loop).step_time
+            for loop in ("pipelined", "unrolled")}
+  assert on_two == pytest.approx({"pipelined": 9.0, "unrolled": 6.875},
+                                 abs=1e-9)
+
+
+@pytest.mark.parametrize("strategy,loop,block,shown", [
+    ("local", "loop", 1, "loop='loop'"),
+    ("local", "unrolled", 2, "loop_block=2, loop='unrolled'"),
+    ("2wise", "pipelined", 1, "loop='pipelined'"),
+    ("e2e", "pipelined", 1, "loop='pipelined'")])
+def test_a_loop_the_trainer_would_not_run_is_refused(strategy, loop, block,
+                                                     shown):
+  with pytest.raises(ValueError, match=rf"Received: {shown}$"):
+    schedule.simulate([COST] * 3, strategy, loop=loop, loop_block=block)

@@ -471,19 +471,26 @@ class InterlockTrainer:
                                         axis=None)
             for key, value in per_replica.items()}
 
+  @property
+  def loop(self):
+    """How a `train_loop` call runs its steps: "unrolled", "while" or
+    "pipelined", `ExecutionOptions.loop` as `step_loop.resolve_loop` settles
+    it for this trainer (its ties are known once it is built)."""
+    replicas = self.distribute.num_replicas_in_sync * (
+        1 if self.replicas is None else self.replicas.num_replicas)
+    return step_loop.resolve_loop(
+        self.options.execution.loop, self.plan, self.placement.one_process,
+        replicas, () if self._tied is None else self._tied.modules,
+        self.placement.on_accelerator(), self.step.memory_lean,
+        self._compile_step)
+
   def _make_loop(self, num_steps):
     step = self._step_metrics
     if self._compile_step:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
-    replicas = self.distribute.num_replicas_in_sync * (
-        1 if self.replicas is None else self.replicas.num_replicas)
-    kind = step_loop.resolve_loop(
-        self.options.execution.loop, self.plan, self.placement.one_process,
-        replicas, () if self._tied is None else self._tied.modules,
-        self.placement.on_accelerator(), self.step.memory_lean,
-        self._compile_step)
+    kind = self.loop
 
     def run_steps(iterator, n):
       # The sums of n steps' metrics, the steps written out one after
