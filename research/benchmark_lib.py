@@ -364,9 +364,9 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
   ops_per_device: see `schedule.simulate`; a simulated plan's process runs
   any device's ops on its inter-op pool of D threads, so pass D there.
   contention: see `schedule.simulate` (`research.concurrency_probe`).
-  loop: how the cell's calls run their steps (`InterlockTrainer.loop`);
-  None: as a one-process CPU trainer of the cell runs them
-  (`cell_run_loop`)."""
+  loop: how the cell's calls run their steps
+  (`InterlockTrainer.resolved_loop`); None: as a one-process CPU trainer
+  of the cell runs them (`cell_run_loop`)."""
   strategy, microbatches = parse_cell(name)
   micro = (microbatch_costs or {}).get(microbatches)
   if cell_options(name)["recompute"]:
@@ -447,7 +447,7 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
           threads, module_devices,
           microbatch_costs={n: [c.scaled(scale) for c in v]
                             for n, v in micro.items()},
-          ops_per_device=devices, loop=trainer.loop)
+          ops_per_device=devices, loop=trainer.resolved_loop)
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted, **scaling,

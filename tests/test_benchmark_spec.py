@@ -228,15 +228,16 @@ def test_a_cells_loop_suffix_reaches_its_trainer():
 
 def test_a_cell_is_predicted_in_the_loop_its_trainer_runs():
   # The schedule model is given the loop the cell's trainer settles on
-  # (`InterlockTrainer.loop`); `cell_run_loop` names it before any trainer
-  # exists (the plan chooser's predictions).
+  # (`InterlockTrainer.resolved_loop`); `cell_run_loop` names it before
+  # any trainer exists (the plan chooser's predictions).
   spec = benchmark_lib.make_spec("mlp", num_modules=2, width=16,
                                  batch_size=8, steps=1, steps_per_loop=2)
   placement = placement_lib.make_placement("simulated", 2)
   want = {"local": "pipelined", "local-unrolled": "unrolled",
           "local-lean": "unrolled", "local-while": "while", "e2e": "while",
           "e2e-m2": "while", "2wise": "while", "2wise-m2-rc": "while"}
-  got = {name: benchmark_lib.build_trainer(spec, name, placement).loop
+  got = {name: benchmark_lib.build_trainer(spec, name,
+                                           placement).resolved_loop
          for name in want}
   assert got == want
   assert {name: benchmark_lib.cell_run_loop(name, 2) for name in want} == want

@@ -472,10 +472,10 @@ class InterlockTrainer:
             for key, value in per_replica.items()}
 
   @property
-  def loop(self):
+  def resolved_loop(self):
     """How a `train_loop` call runs its steps: "unrolled", "while" or
-    "pipelined", `ExecutionOptions.loop` as `step_loop.resolve_loop` settles
-    it for this trainer (its ties are known once it is built)."""
+    "pipelined", `options.execution.loop` as `step_loop.resolve_loop`
+    settles it for this trainer (its ties are known once it is built)."""
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
     return step_loop.resolve_loop(
@@ -490,7 +490,7 @@ class InterlockTrainer:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
-    kind = self.loop
+    kind = self.resolved_loop
 
     def run_steps(iterator, n):
       # The sums of n steps' metrics, the steps written out one after
