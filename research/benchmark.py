@@ -157,7 +157,8 @@ def validate():
   check("thread_efficiency", _EFFICIENCY.value, minimum=0, maximum=1)
   if not _STRATEGIES.value:
     config_lib.fail("strategies", "", "must name at least one strategy")
-  benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value)
+  benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value,
+                            num_modules=[_NUM_MODULES.value])
   for m in _MICROBATCHES.value:
     if not m.isdigit() or int(m) < 1 or _BATCH.value % int(m):
       config_lib.fail("microbatches", ",".join(_MICROBATCHES.value),

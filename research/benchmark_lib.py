@@ -155,10 +155,12 @@ def parse_cell(name):
   return match.group(1), int(match.group(2))
 
 
-def check_cells(names, batch_size, flag="strategies"):
+def check_cells(names, batch_size, flag="strategies", num_modules=(),
+                loop=None):
   """Refuses, in one line naming --`flag`, the first cell name of `names`
-  (`parse_cell`) whose strategy does not parse or whose M microbatches do
-  not divide `batch_size`.
+  (`parse_cell`) whose strategy does not parse, whose M microbatches do
+  not divide `batch_size`, or whose loop (`loop`, or the one the name ends
+  with) a trainer of K modules would refuse, for each K in `num_modules`.
 
   Raises:
     ValueError: "--strategies='e2e,3way' is invalid: '3way' is not a
@@ -175,6 +177,15 @@ def check_cells(names, batch_size, flag="strategies"):
       reason = str(e).split(" Received:")[0].rstrip(".")
       config_lib.fail(flag, ",".join(names),
                       f"{name!r} is not a strategy: {reason}")
+    for k in num_modules:
+      try:
+        step_loop.resolve_loop(
+            loop or cell_loop(name), routing.make_plan(strategy, k),
+            memory_lean=cell_options(name)["memory_lean"])
+      except ValueError as e:
+        reason = str(e).split(" Received:")[0].rstrip(".")
+        config_lib.fail(flag, ",".join(names),
+                        f"{name!r} cannot run at K = {k}: {reason}")
 
 
 def is_pipeline(name):

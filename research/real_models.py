@@ -129,7 +129,9 @@ def validate():
       config_lib.fail("layouts", name, "must be kN or kNhost for an int "
                       "N >= 1 (K = N modules on N simulated devices, or on "
                       "the one default device), e.g. k2")
-  benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value)
+  modules = sorted({lib.layout_modules(name) for name in _LAYOUTS.value})
+  benchmark_lib.check_cells(_STRATEGIES.value, _BATCH.value,
+                            num_modules=modules, loop=_LOOP.value)
   if _ROLE.value == "cell" and _CELL.value != lib.KERAS:
     benchmark_lib.check_cells([_CELL.value], _BATCH.value, flag="cell")
   if _LOOP_BLOCK.value > 1 and _LOOP.value not in ("while", "pipelined"):

@@ -12,7 +12,12 @@ The count (`count`) adds, per module k on its device:
   tape keeps), read from the traced graph of M_k's VJP
   (`saved_bytes`), for every microbatch in flight;
 * aux: the same for the aux head A_k (and its loss);
-* inputs: x_k = h_{k-1}, which the input VJP and the weight VJP read.
+* inputs: x_k = h_{k-1}, which the input VJP and the weight VJP read;
+* update: what module k's optimizer update computes from its state alone,
+  before the gradient exists (SGD with momentum: m * momentum, one tensor
+  of each weight's size), read from the traced update (`update_held_bytes`):
+  nothing orders it after the backward, so it is computed as the step
+  starts and held until the gradient arrives, across the step's peak.
 
 How many microbatches are in flight is the dataflow's bound: TF runs any op
 whose inputs are ready, so every microbatch's forward may run before the
@@ -57,6 +62,7 @@ class DeviceMemory:
   activations: int = 0
   aux: int = 0
   inputs: int = 0
+  update: int = 0
 
   @property
   def total(self):
@@ -150,7 +156,8 @@ class ModuleFootprint:
   """One module's terms of the count, for one microbatch.
 
   Attributes:
-    fixed: weights, slots and one set of gradients (batch-independent).
+    fixed: weights, slots, one set of gradients and the update's held
+      operands (batch-independent).
     activations: bytes the body's backward reads, per microbatch.
     aux: bytes the aux head's backward reads, per microbatch.
     inputs: bytes of the module's input x_k, per microbatch.
@@ -184,10 +191,65 @@ def footprints(trainer, features_spec):
     fixed = DeviceMemory(
         weights=_variable_bytes(module.weights),
         slots=_variable_bytes(trainer.optimizers[k].variables),
-        gradients=_variable_bytes(trainer.variables(k)))
+        gradients=_variable_bytes(trainer.variables(k)),
+        update=update_held_bytes(trainer.optimizers[k], trainer.variables(k)))
     out.append(ModuleFootprint(fixed, act, aux, _bytes([spec]), out_saved))
     spec = out_spec
   return out
+
+
+def update_held_bytes(optimizer, variables):
+  """Bytes of the tensors `optimizer`'s update of `variables` computes
+  without the gradient and then combines with it.
+
+  A scratch copy of the optimizer (its config, built on zero copies of the
+  variables: the trainer's weights and slots are not touched) traces its
+  update with the gradients as placeholders, nothing run. A tensor that
+  needs no gradient, is not a variable read or a constant, and feeds an op
+  that needs one is ready as soon as the step starts and is held until the
+  gradient exists. Keras's SGD with momentum computes m * momentum so, one
+  tensor of each weight's size (measured: 5.86 MB peak against a count of
+  4.86 MB without it, the MLP of tests/test_memory_count.py); its plain
+  SGD and Adam compute nothing of the kind (their updates start from the
+  gradient) and measured within 1% of the count
+  (docs/results/memory/README.md).
+
+  Args:
+    optimizer: a Keras optimizer (its class and config are read).
+    variables: the variables it updates.
+
+  Returns:
+    Bytes; 0 for no variables.
+  """
+  if not variables:
+    return 0
+  copies = [tf.Variable(tf.zeros(v.shape, v.dtype)) for v in variables]
+  scratch = optimizer.__class__.from_config(optimizer.get_config())
+  scratch.build(copies)
+  specs = [tf.TensorSpec(v.shape, v.dtype) for v in copies]
+
+  def update(*gradients):
+    scratch.apply(list(gradients), copies)
+
+  graph = tf.function(update, autograph=False).get_concrete_function(
+      *specs).graph
+  # The ops that wait for a gradient: through their inputs, or through the
+  # automatic control dependencies (a read of a slot after its update).
+  waits = set()
+  for op in graph.get_operations():  # In the order they were traced.
+    if ((op.type == "Placeholder" and op.outputs[0].dtype != tf.resource) or
+        any(t.op.name in waits for t in op.inputs) or
+        any(c.name in waits for c in op.control_inputs)):
+      waits.add(op.name)
+  held = {}
+  for op in graph.get_operations():
+    if op.name not in waits:
+      continue
+    for t in op.inputs:
+      if (t.op.name not in waits and t.dtype.is_floating and
+          t.op.type not in _NOT_ACTIVATIONS):
+        held[t.ref()] = t
+  return _bytes(held.values())
 
 
 def module_peak(footprint, num_microbatches=1, recompute=False):

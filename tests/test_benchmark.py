@@ -23,6 +23,8 @@ BAD_FLAGS = [
     (["--strategies=foo"], "strategies", "Received: strategies='foo'"),
     (["--strategies=e2e,4wise-max"], "strategies",
      "Received: strategies='e2e,4wise-max'"),
+    (["--strategies=local,2wise-pipelined"], "strategies",
+     "Received: strategies='local,2wise-pipelined'"),
     (["--width=-3"], "width", "Received: width=-3"),
     (["--steps=0"], "steps", "Received: steps=0"),
     (["--steps_per_loop=0"], "steps_per_loop", "Received: steps_per_loop=0"),

@@ -250,3 +250,23 @@ def test_a_cell_is_predicted_in_the_loop_its_trainer_runs():
            for loop in ("pipelined", "unrolled")}
   assert times == pytest.approx({"pipelined": 9.0, "unrolled": 6.875})
   assert benchmark_lib.predict(costs, "local", 2) == times["pipelined"]
+
+
+def test_a_cell_whose_loop_cannot_run_is_refused_before_anything_runs():
+  # The loop a cell's name ends with (or one loop for every cell, as
+  # research.real_models's --loop) must be one its trainer runs at each K.
+  benchmark_lib.check_cells(["local-pipelined", "2wise", "e2e-while"], 8,
+                            num_modules=[2, 4])
+  with pytest.raises(ValueError) as error:
+    benchmark_lib.check_cells(["local", "2wise-pipelined"], 8,
+                              num_modules=[4])
+  assert str(error.value) == (
+      "--strategies='local,2wise-pipelined' is invalid: '2wise-pipelined' "
+      "cannot run at K = 4: loop='pipelined' runs local learning only, in "
+      "one process and one replica: a gradient crosses a module (a window "
+      "of 2 over 4 modules). Received: strategies='local,2wise-pipelined'")
+  # e2e at K = 2 is a window over both modules; local-lean one at a time.
+  for names in (["local", "e2e"], ["local-lean"]):
+    with pytest.raises(ValueError, match=rf"'{names[-1]}' cannot run at "
+                       rf"K = 2: loop='pipelined'"):
+      benchmark_lib.check_cells(names, 8, num_modules=[2], loop="pipelined")

@@ -76,14 +76,16 @@ def test_a_bad_model_or_layout_is_one_line_naming_it():
   results = refusals.run("research.real_models", [
       ["--models=gpt2,vgg16"], ["--layouts=k2,two"], ["--models=gpt2",
                                                      "--strategies=e2e,3way"],
-      ["--loop_block=2"]])
+      ["--loop_block=2"], ["--loop=pipelined", "--strategies=local,2wise"]])
   for result, words in zip(results, (
       ["--models='vgg16' is invalid", "must be one of ('gpt2', 'bert', "
        "'mobilenet_v2')"],
       ["--layouts='two' is invalid", "must be kN"],
       ["--strategies='e2e,3way' is invalid", "'3way' is not a strategy"],
       ["--loop_block=2 is invalid",
-       "must be 1 unless --loop=while or pipelined (--loop=auto)"])):
+       "must be 1 unless --loop=while or pipelined (--loop=auto)"],
+      ["--strategies='local,2wise' is invalid", "'2wise' cannot run at K = 2",
+       "loop='pipelined' runs local learning only"])):
     lines = result["stderr"].strip().splitlines()
     assert result["code"] == 1 and len(lines) == 1, result
     assert lines[0].startswith("error: ") and all(
