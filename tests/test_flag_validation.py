@@ -394,6 +394,7 @@ def test_verbosity_is_read_from_the_command_line():
   assert "TF_CPP_MIN_LOG_LEVEL" not in runtime_env.environment_defaults(True)
 
 
+@pytest.mark.slow  # two train binaries, 13 s of make test's time
 def test_a_run_is_quiet_unless_verbosity_asks(quiet_runs):
   (quiet_out, quiet), (_, verbose) = [p.communicate(timeout=300)
                                       for p in quiet_runs]
