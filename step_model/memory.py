@@ -223,6 +223,10 @@ def update_held_bytes(optimizer, variables):
   """
   if not variables:
     return 0
+  # A LossScaleOptimizer runs its inner optimizer's update inside a
+  # conditional (skipped on a non-finite gradient), out of the traced
+  # graph's sight: the inner update is what it holds.
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
   copies = [tf.Variable(tf.zeros(v.shape, v.dtype)) for v in variables]
   scratch = optimizer.__class__.from_config(optimizer.get_config())
   scratch.build(copies)

@@ -49,7 +49,9 @@ def test_the_count_of_one_cell_is_within_20_percent_of_its_measured_peak():
     (keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), 1),
     (keras.optimizers.Adam(), 0),
     (keras.optimizers.Adagrad(), 0),
-    (keras.optimizers.Lion(), 2)])
+    (keras.optimizers.Lion(), 2),
+    (keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.9)), 1)])
 def test_the_update_holds_what_it_computes_before_the_gradient(
     optimizer, weights_held):
   # SGD with momentum: m * momentum needs no gradient. Lion: m * beta_1 and
