@@ -129,14 +129,16 @@ def cell_loop(name):
   return found[-1] if found else "auto"
 
 
-def cell_run_loop(name, num_modules):
+def cell_run_loop(name, num_modules, loop=None):
   """How a trainer of cell `name` on K = `num_modules` simulated devices
-  (one process, one replica, CPUs) runs its calls' steps: the loop the
-  name ends with (`cell_loop`), as `step_loop.resolve_loop` settles it
-  ("local": "pipelined", "e2e": "while", "2wise": "unrolled")."""
+  (one process, one replica, CPUs) runs its calls' steps: `loop`, or the
+  loop the name ends with (`cell_loop`), as `step_loop.resolve_loop`
+  settles it ("local": "pipelined", "e2e": "while", "2wise" at K > 2:
+  "unrolled"; a loop the trainer would refuse raises its one line)."""
   plan = routing.make_plan(parse_cell(name)[0], num_modules)
   return step_loop.resolve_loop(
-      cell_loop(name), plan, memory_lean=cell_options(name)["memory_lean"])
+      loop or cell_loop(name), plan,
+      memory_lean=cell_options(name)["memory_lean"])
 
 
 def parse_cell(name):
@@ -179,9 +181,7 @@ def check_cells(names, batch_size, flag="strategies", num_modules=(),
                       f"{name!r} is not a strategy: {reason}")
     for k in num_modules:
       try:
-        step_loop.resolve_loop(
-            loop or cell_loop(name), routing.make_plan(strategy, k),
-            memory_lean=cell_options(name)["memory_lean"])
+        cell_run_loop(name, k, loop)
       except ValueError as e:
         reason = str(e).split(" Received:")[0].rstrip(".")
         config_lib.fail(flag, ",".join(names),

@@ -246,8 +246,8 @@ def test_the_pipelined_loop_waits_for_the_slowest_module_of_an_iteration():
   # K = 3 devices on 2 cores, blocks of one iteration. Earliest step first:
   # F2 and F1 at 0; then BW2 (1 to 4) and A1 (1 to 1.5), BW1 (1.5 to 4.5),
   # U2 (4 to 4.25); F0 only then, 4.25 to 5.25, and A0, BW0, U0 end at 9.
-  # The barrier keeps module 0 of the next iteration from filling the
-  # idle core: 9 a step, where the unrolled steps reach the 2-core bound
+  # The barrier keeps the next iteration's modules off the core left idle
+  # from 4.75: 9 a step, where the unrolled steps reach the 2-core bound
   # of the step's work, 13.75 / 2.
   on_two = {loop: schedule.simulate([COST] * 3, "local", num_cores=2,
                                     loop=loop).step_time
