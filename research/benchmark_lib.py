@@ -366,7 +366,7 @@ def run_fit(spec, name, placement):
 
 def predict(costs, name, num_cores, threads=1, module_devices=None,
             microbatch_costs=None, ops_per_device=1, contention=1.0,
-            loop=None):
+            loop=None, loop_block=1):
   """The schedule model's step seconds for strategy cell `name`, from op
   costs measured under `threads` intra-op threads: an op holds `threads`
   cores, with no further speedup (efficiency 0), as its cost already has
@@ -377,7 +377,8 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
   contention: see `schedule.simulate` (`research.concurrency_probe`).
   loop: how the cell's calls run their steps
   (`InterlockTrainer.resolved_loop`); None: as a one-process CPU trainer
-  of the cell runs them (`cell_run_loop`)."""
+  of the cell runs them (`cell_run_loop`). loop_block: the steps of one
+  block of that loop (`InterlockTrainer.loop_plan`)."""
   strategy, microbatches = parse_cell(name)
   micro = (microbatch_costs or {}).get(microbatches)
   if cell_options(name)["recompute"]:
@@ -389,7 +390,8 @@ def predict(costs, name, num_cores, threads=1, module_devices=None,
       thread_efficiency=0.0,
       microbatch_costs=micro,
       ops_per_device=ops_per_device, contention=contention,
-      loop=loop or cell_run_loop(name, len(costs))).step_time
+      loop=loop or cell_run_loop(name, len(costs)),
+      loop_block=loop_block).step_time
 
 
 def read_contention(path):
@@ -453,12 +455,13 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
         scaling = work_scale(trainer, spec, name, measured_costs,
                              micro.get(m), threads)
         scale = scaling["cost_scale"]
+      loop, block = trainer.loop_plan()
       predicted = predict(
           [c.scaled(scale) for c in measured_costs], name, num_cores,
           threads, module_devices,
           microbatch_costs={n: [c.scaled(scale) for c in v]
                             for n, v in micro.items()},
-          ops_per_device=devices, loop=trainer.resolved_loop)
+          ops_per_device=devices, loop=loop, loop_block=block)
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted, **scaling,

@@ -16,9 +16,10 @@ from tf_interlock.trainer import InterlockTrainer
 
 
 def trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
-            num_modules=3, block=1):
-  """A built trainer of `strategy` looping as `loop` says, and an iterator
-  over different batches every step."""
+            num_modules=3, block=1, max_block_weights=256):
+  """A built trainer of `strategy` looping as `loop` (`block`,
+  `max_block_weights`) says, and an iterator over different batches every
+  step."""
   x, y = helpers.batch(size=8)
   made = InterlockTrainer(
       helpers.mlp_modules(num_modules, batch_norm=True),
@@ -26,7 +27,8 @@ def trainer(loop, strategy, microbatches, steps_per_loop=4, traced=True,
       loss_fn=helpers.cross_entropy,
       placement=placement_lib.make_placement("simulated", num_modules),
       steps_per_loop=steps_per_loop, num_microbatches=microbatches,
-      options=ExecutionOptions(loop=loop, loop_block=block))
+      options=ExecutionOptions(loop=loop, loop_block=block,
+                               max_block_weights=max_block_weights))
   made.step.functions.traced = traced
   made.build(x)
   # Different batches every step: the loop must take them in order.
@@ -43,7 +45,7 @@ Run = collections.namedtuple(
 
 
 def run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
-        block=1):
+        block=1, max_block_weights=256):
   """One trainer's calls of `steps_per_loop`, `steps_per_loop` and 2 steps:
   their metrics, the weights after build and after the calls, and the
   trainer and its iterator (to look at the loop functions' graphs).
@@ -55,16 +57,17 @@ def run(loop, strategy, microbatches, traced, steps_per_loop, num_modules,
   # One cache key however `block` is passed (lru_cache keys a keyword
   # apart from the same value passed by position or left out).
   return _cached_run(loop, strategy, microbatches, traced, steps_per_loop,
-                     num_modules, block)
+                     num_modules, block, max_block_weights)
 
 
 @functools.lru_cache(maxsize=None)
 def _cached_run(loop, strategy, microbatches, traced, steps_per_loop,
-                num_modules, block):
+                num_modules, block, max_block_weights):
   """`run`, cached on its arguments in order."""
   made, iterator = trainer(loop, strategy, microbatches,
                            steps_per_loop=steps_per_loop, traced=traced,
-                           num_modules=num_modules, block=block)
+                           num_modules=num_modules, block=block,
+                           max_block_weights=max_block_weights)
   built = helpers.weights(made.modules)
   metrics = [made.train_loop(iterator) for _ in range(2)]
   metrics.append(made.train_loop(iterator, num_steps=2))

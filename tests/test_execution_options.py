@@ -23,6 +23,8 @@ from tf_interlock.trainer import InterlockTrainer
     ({"min_traced_calls": 2.0}, r"Received: min_traced_calls=2.0$"),
     ({"data_autotune": "yes"}, r"Received: data_autotune='yes'$"),
     ({"loop_block": 0}, r"Received: loop_block=0$"),
+    ({"max_block_weights": 0}, r"Received: max_block_weights=0$"),
+    ({"max_block_weights": 8.0}, r"Received: max_block_weights=8.0$"),
     ({"loop_block": 2.0}, r"Received: loop_block=2.0$"),
     ({"loop": "unrolled", "loop_block": 4},
      r"Received: loop_block=4, loop='unrolled'$"),
@@ -36,6 +38,7 @@ def test_a_bad_value_is_one_line_naming_it(kwargs, match):
 def test_defaults_and_frozen():
   options = ti.ExecutionOptions()
   assert options == ExecutionOptions(loop="auto", loop_block=1,
+                                     max_block_weights=256,
                                      graph_optimization="auto",
                                      min_traced_calls=4, data_autotune=False)
   with pytest.raises(dataclasses.FrozenInstanceError):

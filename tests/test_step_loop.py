@@ -159,6 +159,65 @@ def test_auto_loops_where_steps_have_no_slack():
     step_loop.resolve_loop("scan", e2e)
 
 
+def test_auto_writes_out_nwise_steps_up_to_max_block_weights():
+  two, call = routing.make_plan("2wise", 4), step_loop.resolve_call
+  # U: the largest divisor of the call's steps with U x weights <= 256.
+  auto = lambda weights, steps, **kw: call(  # noqa
+      "auto", 1, two, block_weights=weights, num_steps=steps,
+      max_block_weights=256, **kw)
+  assert auto(16, 16) == ("unrolled", 1)  # research.benchmark's MLP: 256.
+  assert auto(17, 16) == ("while", 8)
+  assert auto(79, 8) == ("while", 2)  # BERT: 3 steps fit, 3 divides not 8.
+  assert auto(164, 8) == ("while", 1)  # MobileNetV2.
+  assert auto(300, 8) == ("while", 1)  # One step over the bound: still 1.
+  assert auto(40, 12) == ("while", 6)
+  assert auto(300, 1) == ("unrolled", 1)  # One step: nothing to loop.
+  # Where "auto" keeps the unrolled steps whatever their weights: another
+  # process or replica, accelerators, an XLA step (its one program is
+  # traced once, called by every step).
+  assert auto(164, 8, one_process=False) == ("unrolled", 1)
+  assert auto(164, 8, replicas=2) == ("unrolled", 1)
+  assert auto(164, 8, on_accelerator=True) == ("unrolled", 1)
+  assert auto(164, 8, compiles_step=True) == ("unrolled", 1)
+  # The end-to-end loop keeps loop_block (no overlap across steps to keep);
+  # a loop set by the user keeps it too; local runs its pipeline.
+  e2e = routing.make_plan("e2e", 4)
+  assert call("auto", 1, e2e, block_weights=164, num_steps=8,
+              max_block_weights=256) == ("while", 1)
+  assert call("while", 4, two, block_weights=164, num_steps=8,
+              max_block_weights=256) == ("while", 4)
+  assert call("unrolled", 1, two, block_weights=164, num_steps=8,
+              max_block_weights=256) == ("unrolled", 1)
+  assert call("auto", 1, routing.make_plan("local", 4), block_weights=164,
+              num_steps=8, max_block_weights=256) == ("pipelined", 1)
+  assert step_loop.resolve_loop("auto", two, block_weights=79, num_steps=8,
+                                max_block_weights=256) == "while"
+
+
+def test_a_trainer_over_max_block_weights_runs_blocks_equal_to_unrolled():
+  # 2-wise, K = 3, 4 steps a call: the bound at two steps' weights makes
+  # blocks of 2 (the call of 2 steps fits: unrolled), the same weights bit
+  # for bit as the unrolled steps.
+  want = loop_runs.run("unrolled", "2wise", 1, False, 4, 3)
+  weights = sum(len(m.trainable_weights) for m in want.trainer.modules)
+  assert want.trainer.loop_plan() == ("unrolled", 1)
+  got = loop_runs.run("auto", "2wise", 1, False, 4, 3,
+                      max_block_weights=2 * weights)
+  assert got.trainer.loop_plan() == ("while", 2)
+  assert got.trainer.resolved_loop == "while"
+  assert got.trainer.loop_plan(2) == ("unrolled", 1)
+  for a, b in zip(got.weights, want.weights):
+    np.testing.assert_array_equal(a, b)
+  graph = got.trainer.loop_function(4).get_concrete_function(
+      got.iterator).graph
+  assert [op.type for op in graph.get_operations()].count("While") == 1
+  assert _batches_per_block(graph) == [2]
+  # Microbatches count: M = 2 writes out twice the weights a step.
+  assert loop_runs.trainer("auto", "2wise", 2, steps_per_loop=4,
+                           max_block_weights=2 * weights)[0].loop_plan() == (
+                               "while", 1)
+
+
 # Local, K = 2: 5 steps a call in blocks of 2, two iterations and one block
 # of the remaining step. 2-wise, K = 3 (the window): 4 steps in blocks of
 # 2, two iterations and no remainder, against the unrolled run of 4 steps

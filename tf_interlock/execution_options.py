@@ -48,7 +48,20 @@ class ExecutionOptions:
       blocks; for "pipelined", the iterations one trip through its loop
       runs. Default 1. Local and n-wise with n < K trade first-call time
       against steady step time with it: docs/results/tracing/blocks.md
-      and pipelined.md.
+      and pipelined.md. Under "auto" it applies to the end-to-end and tie
+      loops; n-wise blocks are `max_block_weights`'s.
+    max_block_weights: "auto"'s bound on what n-wise (1 < n < K) steps
+      write out in one traced block, on CPUs in one process and one
+      replica: U steps a block, U the largest divisor of the call's steps
+      with U x M x W <= max_block_weights (W the trainable weights of
+      every module and aux head, M the microbatches a step runs), at least
+      1; a call whose every step fits stays unrolled
+      (`step_loop.auto_block`). Default 256: research.benchmark's MLP
+      (16 weights, 16 steps a call) keeps its unrolled steps, worth 15% a
+      step there; BERT (79 weights) runs blocks of 2 steps and
+      MobileNetV2 (164) of 1, whose first calls the unrolled steps made
+      2.3-2.6x plain Keras's, for no measurable steady cost
+      (docs/results/tracing/blocks.md).
     graph_optimization: the training call's graph optimisation. "light":
       the lighter rewriter config of `tf_private.light_graph_optimization`;
       "default": TF's own; "auto" (default): light where every module runs
@@ -72,6 +85,7 @@ class ExecutionOptions:
 
   loop: str = "auto"
   loop_block: int = 1
+  max_block_weights: int = 256
   graph_optimization: str = "auto"
   min_traced_calls: int = 4
   data_autotune: bool = False
@@ -90,6 +104,11 @@ class ExecutionOptions:
       raise ValueError(f"loop_block > 1 runs blocks of steps in a while "
                        f"loop; loop='unrolled' writes every step out. "
                        f"Received: loop_block={block}, loop='unrolled'")
+    weights = self.max_block_weights
+    if not int_args.is_int(weights) or weights < 1:
+      raise ValueError(f"max_block_weights must be an int >= 1. "
+                       f"Received: max_block_weights={weights!r}")
+    object.__setattr__(self, "max_block_weights", int(weights))
     if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
       raise ValueError(
           f"graph_optimization must be one of {GRAPH_OPTIMIZATIONS}. "

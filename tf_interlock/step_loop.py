@@ -37,7 +37,8 @@ LOOPS = ("unrolled", "while", "pipelined")
 # were written and checked with.
 def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
                  on_accelerator=False, memory_lean=False,
-                 compiles_step=False):
+                 compiles_step=False, block_weights=0, num_steps=1,
+                 max_block_weights=None):
   """"unrolled", "while" or "pipelined" for a trainer's `loop` setting.
 
   "auto" is "while" where the steps have no slack to overlap: the final
@@ -56,9 +57,13 @@ def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
   module) runs "pipelined" (`pipelined_loop`: module k on step t - k, one
   traced iteration, the overlap across steps kept;
   docs/results/tracing/pipelined.md); n-wise with 1 < n < K keeps the
-  unrolled steps, whose overlap across steps is their speed. On
-  accelerators local keeps the unrolled steps too (the pipeline was
-  measured on CPUs only).
+  unrolled steps, whose overlap across steps is their speed, where the
+  call's steps are small: on CPUs, in one process and one replica, a
+  call whose written-out steps would hold more than `max_block_weights`
+  weight-steps (`auto_block`) runs "while" in blocks of U steps instead,
+  the overlap kept inside each block (`resolve_call` gives U). On
+  accelerators local and n-wise keep the unrolled steps (the pipeline and
+  the blocks were measured on CPUs only).
 
   Args:
     loop: "auto", "unrolled", "while" or "pipelined".
@@ -73,6 +78,12 @@ def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
       (`Placement.on_accelerator`).
     memory_lean: the trainer runs local learning's memory-lean order.
     compiles_step: the trainer compiles each whole replica step with XLA.
+    block_weights: what one step writes out, in weights: the trainable
+      weights of every module (aux heads included) times the microbatches
+      a step runs (`auto_block`).
+    num_steps: the steps of the call.
+    max_block_weights: "auto"'s bound on a traced block of n-wise steps
+      (`ExecutionOptions.max_block_weights`); None: no bound.
 
   Returns:
     "unrolled", "while" or "pipelined".
@@ -81,15 +92,38 @@ def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
     ValueError: an unknown `loop`, or "pipelined" where it cannot run, in
       one line.
   """
+  return resolve_call(loop, 1, plan, one_process, replicas, ties,
+                      on_accelerator, memory_lean, compiles_step,
+                      block_weights, num_steps, max_block_weights)[0]
+
+
+def resolve_call(loop, loop_block, plan, one_process=True, replicas=1,
+                 ties=(), on_accelerator=False, memory_lean=False,
+                 compiles_step=False, block_weights=0, num_steps=1,
+                 max_block_weights=None):
+  """(`resolve_loop`'s loop, U): how a call runs its steps, and the steps
+  of one traced block (`make_while_loop`; the iterations of a trip for
+  "pipelined"; 1 for "unrolled", whose call is one block).
+
+  U is `loop_block` (`ExecutionOptions.loop_block`) but where "auto" chose
+  blocks for n-wise steps: `auto_block`'s. The end-to-end and tie loops of
+  "auto" run `loop_block` steps a block (default 1: no overlap across
+  steps to keep). Arguments as `resolve_loop`'s.
+  """
   refusal = pipeline_refusal(plan, one_process, replicas, ties, memory_lean,
                              compiles_step)
   if loop == "auto":
     one = one_process and replicas == 1
     if one and (plan.end_to_end or (
         not on_accelerator and first_waits_for_last(plan, ties))):
-      return "while"
-    return "pipelined" if refusal is None and not on_accelerator else (
-        "unrolled")
+      return "while", loop_block
+    if refusal is None and not on_accelerator:
+      return "pipelined", loop_block
+    block = auto_block(num_steps, block_weights, max_block_weights)
+    if one and not on_accelerator and not compiles_step and (
+        block < num_steps):
+      return "while", block
+    return "unrolled", 1
   if loop not in LOOPS:
     raise ValueError(f"loop must be 'auto' or one of {LOOPS}. "
                      f"Received: loop={loop!r}")
@@ -97,7 +131,37 @@ def resolve_loop(loop, plan, one_process=True, replicas=1, ties=(),
     raise ValueError(f"loop='pipelined' runs local learning only, in one "
                      f"process and one replica: {refusal}. "
                      f"Received: loop='pipelined'")
-  return loop
+  return loop, 1 if loop == "unrolled" else loop_block
+
+
+def auto_block(num_steps, block_weights, max_block_weights):
+  """The steps "auto" writes out in one traced block of n-wise steps.
+
+  A call's first run traces, optimises and instantiates every step it
+  writes out: a cost that grows with the ops of a step, which grow with
+  its weights (each weight's forward op, its gradient and its update).
+  The written-out steps buy overlap across steps (module k on step t + 1
+  while later modules finish step t), most on a model of a few large ops
+  (research.benchmark's MLP: 15% a step at K = 4) and nothing measurable
+  on BERT and MobileNetV2 at K = 4 on 2 cores, whose first call they made
+  2.3-2.6x plain Keras's (docs/results/tracing/blocks.md). So a block
+  holds the most steps U that divide the call (one block traced, no
+  remainder block) with U x `block_weights` <= `max_block_weights`.
+
+  Args:
+    num_steps: the steps of the call (>= 1).
+    block_weights: a step's weights written out (`resolve_loop`).
+    max_block_weights: the bound; None: none.
+
+  Returns:
+    U in 1..num_steps, a divisor of num_steps; num_steps where every step
+    fits (the call stays unrolled).
+  """
+  if max_block_weights is None:
+    return num_steps
+  fits = [u for u in range(1, num_steps + 1)
+          if num_steps % u == 0 and u * block_weights <= max_block_weights]
+  return max(fits, default=1)
 
 
 def pipeline_refusal(plan, one_process=True, replicas=1, ties=(),

@@ -473,16 +473,28 @@ class InterlockTrainer:
 
   @property
   def resolved_loop(self):
-    """How a `train_loop` call runs its steps: "unrolled", "while" or
-    "pipelined", `options.execution.loop` as `step_loop.resolve_loop`
-    settles it for this trainer (its ties are known once it is built)."""
+    """How a `train_loop` call of `steps_per_loop` steps runs them:
+    "unrolled", "while" or "pipelined" (`loop_plan`)."""
+    return self.loop_plan()[0]
+
+  def loop_plan(self, num_steps=None):
+    """How a `train_loop` call of `num_steps` (default `steps_per_loop`)
+    steps runs them: (loop, U), `options.execution` as
+    `step_loop.resolve_call` settles it for this trainer (its ties and
+    weights are known once it is built); U is the steps of one traced
+    block ("pipelined": iterations a trip; "unrolled": 1)."""
+    execution = self.options.execution
     replicas = self.distribute.num_replicas_in_sync * (
         1 if self.replicas is None else self.replicas.num_replicas)
-    return step_loop.resolve_loop(
-        self.options.execution.loop, self.plan, self.placement.one_process,
-        replicas, () if self._tied is None else self._tied.modules,
+    weights = sum(len(module.trainable_weights) for module in self.modules)
+    return step_loop.resolve_call(
+        execution.loop, execution.loop_block, self.plan,
+        self.placement.one_process, replicas,
+        () if self._tied is None else self._tied.modules,
         self.placement.on_accelerator(), self.step.memory_lean,
-        self._compile_step)
+        self._compile_step, block_weights=weights * self.num_microbatches,
+        num_steps=num_steps or self.steps_per_loop,
+        max_block_weights=execution.max_block_weights)
 
   def _make_loop(self, num_steps):
     step = self._step_metrics
@@ -490,7 +502,7 @@ class InterlockTrainer:
       # One XLA program per step, traced once and called by every unrolled
       # step (the input iterator stays outside: it is a host op).
       step = tf.function(step, autograph=False, jit_compile=True)
-    kind = self.resolved_loop
+    kind, block = self.loop_plan(num_steps)
 
     def run_steps(iterator, n):
       # The sums of n steps' metrics, the steps written out one after
@@ -513,13 +525,12 @@ class InterlockTrainer:
       return pipelined_loop.make_pipelined_loop(
           self._pipeline_stages, self.num_modules, num_steps,
           lambda copies: self.step.functions.tracing_loop(
-              copies * self.num_microbatches),
-          self.options.execution.loop_block)
+              copies * self.num_microbatches), block)
     if kind == "while":
       # U steps traced, looped (`step_loop`).
       return step_loop.make_while_loop(
           run_steps, num_steps, lambda steps: self.step.functions.tracing_loop(
-              steps * self.num_microbatches), self.options.execution.loop_block)
+              steps * self.num_microbatches), block)
 
     def loop(iterator):
       # Runs while tracing: per-module functions only where this loop calls
