@@ -134,7 +134,11 @@ def cell_run_loop(name, num_modules, loop=None):
   (one process, one replica, CPUs) runs its calls' steps: `loop`, or the
   loop the name ends with (`cell_loop`), as `step_loop.resolve_loop`
   settles it ("local": "pipelined", "e2e": "while", "2wise" at K > 2:
-  "unrolled"; a loop the trainer would refuse raises its one line)."""
+  "unrolled"; a loop the trainer would refuse raises its one line). Made
+  before any trainer, it leaves out "auto"'s bound on n-wise blocks
+  (`ExecutionOptions.max_block_weights`), which needs the modules'
+  weights: a measured cell is predicted in its trainer's
+  `InterlockTrainer.loop_plan()`."""
   plan = routing.make_plan(parse_cell(name)[0], num_modules)
   return step_loop.resolve_loop(
       loop or cell_loop(name), plan,

@@ -250,6 +250,19 @@ def test_a_cell_is_predicted_in_the_loop_its_trainer_runs():
            for loop in ("pipelined", "unrolled")}
   assert times == pytest.approx({"pipelined": 9.0, "unrolled": 6.875})
   assert benchmark_lib.predict(costs, "local", 2) == times["pipelined"]
+  # The trainer's block of steps (`loop_plan`) reaches the model too: for
+  # 2-wise, K = 3 on 3 cores each block's end waits for every module
+  # (1 step: 8.25 a step, blocks of 2: 8.0, all written out: 7.75).
+  blocks = [benchmark_lib.predict(costs, "2wise", 3, loop="while",
+                                  loop_block=u) for u in (1, 2)]
+  assert blocks + [benchmark_lib.predict(costs, "2wise", 3)] == (
+      pytest.approx([8.25, 8.0, 7.75]))
+  # research.benchmark's MLP at its defaults keeps its 16 unrolled steps
+  # (16 weights x 16 <= `max_block_weights`); 8 microbatches write out 8x
+  # the weights a step, in blocks of 2 steps.
+  spec = benchmark_lib.make_spec("mlp")
+  assert [benchmark_lib.build_trainer(spec, name, None).loop_plan()
+          for name in ("2wise", "2wise-m8")] == [("unrolled", 1), ("while", 2)]
 
 
 def test_a_cell_whose_loop_cannot_run_is_refused_before_anything_runs():

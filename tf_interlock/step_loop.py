@@ -20,9 +20,11 @@ orders one iteration's variable reads and writes before the next's), so
 iteration i + 1 starts once all of iteration i's steps are done. Module k
 of the block's first step can then no longer start while later modules
 still work on the step before, the overlap the unrolled graph gives (see
-`trainer`); inside a block of U > 1 steps the overlap stays. `resolve_loop`
-loops only where the steps have no such slack, or (local learning) runs
-`pipelined_loop`'s pipeline, which keeps it, unless asked;
+`trainer`); inside a block of U > 1 steps the overlap stays. Unless
+asked, `resolve_call` loops where the steps have no such slack, runs
+`pipelined_loop`'s pipeline (local learning), which keeps it, and loops
+n-wise steps in blocks only where writing them all out would cost the
+first call more than their overlap buys (`auto_block`);
 docs/results/tracing/firstcall.md measures what the loop saves on the
 first call, and docs/results/tracing/blocks.md what a block of U steps
 keeps of the overlap.
