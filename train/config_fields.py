@@ -222,7 +222,8 @@ class RunConfig:
       f"{MAX_GET_NEXT_CALLS} (TF's get_next limit; any >= 1 on a TPU).")
   loop_block: int = _field(
       0, "0: the library's loop (local learning as a pipeline on CPUs, "
-      "module k on step t - k; steps unrolled for n-wise with n < K; one "
+      "module k on step t - k; n-wise with n < K: steps unrolled, in "
+      "blocks where they would write out more than 256 weight-steps; one "
       "step looped otherwise); U in 1..steps_per_loop: a graph loop over "
       "blocks of U steps, which traces U steps (a faster first call) and "
       "overlaps modules within a block only.")
