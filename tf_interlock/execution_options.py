@@ -50,9 +50,10 @@ class ExecutionOptions:
       against steady step time with it: docs/results/tracing/blocks.md
       and pipelined.md. Under "auto" it applies to the end-to-end and tie
       loops; n-wise blocks are `max_block_weights`'s.
-    max_block_weights: "auto"'s bound on what n-wise (1 < n < K) steps
-      write out in one traced block, on CPUs in one process and one
-      replica: U steps a block, U the largest divisor of the call's steps
+    max_block_weights: "auto"'s bound on what n-wise (1 < n < K) steps,
+      and local steps where the pipeline cannot run (`memory_lean`, a tie
+      between two modules), write out in one traced block, on CPUs in one
+      process and one replica: U steps a block, U the largest divisor of the call's steps
       with U x M x W <= max_block_weights (W the trainable weights of
       every module and aux head, M the microbatches a step runs), at least
       1; a call whose every step fits stays unrolled

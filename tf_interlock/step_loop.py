@@ -137,7 +137,8 @@ def resolve_call(loop, loop_block, plan, one_process=True, replicas=1,
 
 
 def auto_block(num_steps, block_weights, max_block_weights):
-  """The steps "auto" writes out in one traced block of n-wise steps.
+  """The steps "auto" writes out in one traced block of n-wise steps (and
+  of local steps that cannot run `pipelined_loop`'s pipeline).
 
   A call's first run traces, optimises and instantiates every step it
   writes out: a cost that grows with the ops of a step, which grow with
