@@ -265,3 +265,22 @@ def test_a_loop_the_trainer_would_not_run_is_refused(strategy, loop, block,
                                                      shown):
   with pytest.raises(ValueError, match=rf"Received: {shown}$"):
     schedule.simulate([COST] * 3, strategy, loop=loop, loop_block=block)
+
+
+def test_a_shared_pool_starts_the_newest_ready_op_first():
+  # Local, K = 3 modules on one logical device whose pool runs 2 ops at
+  # once on 2 cores, one step per loop iteration (the barrier makes a step
+  # its one-step makespan). f = 1, a = 0.5, bw = 3, u = 0.25. F0 0-1; A0
+  # and F1 from 1; BW0 1.5-4.5. F1 ends at 2 and makes A1, then F2, ready:
+  # the newest, F2, runs 2-3, then BW2 3-6. BW0 ends at 4.5 and makes U0
+  # ready, newer than A1: U0 4.5-4.75, A1 4.75-5.25, BW1 5.25-8.25, U2
+  # 6-6.25, U1 8.25-8.5: 8.5 a step. A device per module, one op at a time,
+  # keeps the device order (backward before forward): A1, then BW1 before
+  # F2, 8.75.
+  pool = schedule.simulate([COST] * 3, "local", num_cores=2,
+                           module_devices=[0, 0, 0], ops_per_device=2,
+                           loop="while")
+  assert pool.step_time == pytest.approx(8.5, abs=1e-9)
+  one_at_a_time = schedule.simulate([COST] * 3, "local", num_cores=2,
+                                    module_devices=[0, 1, 2], loop="while")
+  assert one_at_a_time.step_time == pytest.approx(8.75, abs=1e-9)
