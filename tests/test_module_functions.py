@@ -143,6 +143,32 @@ def test_traced_equals_op_by_op(strategy):
     np.testing.assert_allclose(traced.metrics[key], value, atol=1e-6)
 
 
+def test_a_module_with_one_vjp_gets_first_order_gradients_of_its_body():
+  """A module that takes one VJP of its body records it on a plain tape:
+  TF's backward function of the traced body then takes a gradient for each
+  of the forward function's outputs alone. On a persistent tape (two VJPs)
+  it also takes one for each intermediate, zeros added every step."""
+  # 2-wise, K = 3: module 1 sends L_1's cotangent down but trains on L_1 +
+  # L_2 (a weight and an input VJP); modules 0 and 2 take one VJP each.
+  trainer, iterator, _, _ = _traced_run("2wise", 4, 1, None, K)
+  assert [s.tape_calls for s in trainer.step.module_steps] == [1, 2, 1]
+  graph = trainer.loop_function(4).get_concrete_function(iterator).graph
+  for k, step in enumerate(trainer.step.module_steps):
+    ops = _calls(graph, f"CPU:{k}")
+    (forward,) = {len(op.outputs) for op in ops
+                  if op.get_attr("f").name.startswith("__forward_counted")}
+    (backward,) = {len(op.inputs) for op in ops
+                   if "__backward_counted" in op.get_attr("f").name}
+    if step.tape_calls == 1:
+      assert backward == forward, k
+    else:
+      assert backward > forward, k
+  local = _traced_run("local", 4, 1, None, 2).trainer
+  e2e = _traced_run("e2e", 4, 1, None, K).trainer
+  assert [s.tape_calls for s in local.step.module_steps] == [1, 1]
+  assert [s.tape_calls for s in e2e.step.module_steps] == [1, 1, 1]
+
+
 def test_other_strategies_run_op_by_op(mirrored):
   """Under MirroredStrategy, Keras's merge_call (optimizer, synchronized
   BN) cannot run in a nested tf.function: nothing is traced per module."""

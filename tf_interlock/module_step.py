@@ -61,8 +61,9 @@ class _Forward:
   """What module k's forward pass keeps for its backward pass.
 
   Attributes:
-    tape: the persistent tape that watched theta_k (and x_k) while the body
-      ran; every VJP of module k is taken on it.
+    tape: the tape that watched theta_k (and x_k) while the body ran;
+      every VJP of module k is taken on it (persistent only where module k
+      takes more than one: `ModuleStep.tape_calls`).
     x: x_k = stop_gradient(h_{k-1}), the cut input (the features for k = 0);
       one tensor or a nest (`layers.boundary`).
     h: h_k = M_k(x_k), one tensor or a nest.
@@ -120,6 +121,12 @@ class ModuleStep:
     self.optimizer = optimizer
     self.replicas = replicas
     self._warned_no_gradient = False
+    # One gradient call per VJP module k takes on its forward tape: the
+    # weight VJP (fused with the input VJP of the stream that also trains
+    # theta_k) and one input VJP per other stream it sends down.
+    weight_keys, vjp_keys = plan.weight_keys[k], plan.vjp_keys[k]
+    fused = len(weight_keys) == 1 and weight_keys[0] in vjp_keys
+    self.tape_calls = 1 + len(vjp_keys) - fused
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._apply_traced = functions.add(self._apply, ("update", k))
@@ -204,20 +211,20 @@ class ModuleStep:
       # The tape watches the variables the body reads (theta_k) and, to
       # produce input VJPs, the cut input x_k (its floating-point leaves:
       # masks and ids get no cotangent).
-      with tf.GradientTape(persistent=True) as tape:
+      with self._tape() as tape:
         if state is None:
           if k > 0:
             tape.watch(boundary.differentiable(x))
           h, reg = self._body_forward(x)
-        if last:
-          # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
-          # the true loss, taken on this tape.
-          tape.watch(h)
-          loss = _scaled(self.own_loss(h, labels, global_batch_size, metrics),
-                       scale)
       own_cot, phi_grads = None, []
       if last:
-        own_cot = [tape.gradient(loss, h)]
+        # M_{K-1} ends with the model's own head: L_{K-1} = loss(h, y) is
+        # the true loss; its cotangent at h starts module K-1's streams.
+        with tf.GradientTape() as loss_tape:
+          loss_tape.watch(h)
+          loss = _scaled(self.own_loss(h, labels, global_batch_size, metrics),
+                         scale)
+        own_cot = [loss_tape.gradient(loss, h)]
       elif module.has_aux_head:
         # L_k = loss(A_k(h_k), y): phi_k's gradient, and dL_k/dh_k when L_k
         # trains some theta.
@@ -238,12 +245,26 @@ class ModuleStep:
       for v, value in zip(variables, record.state):
         v.assign(value)
       x = tf.nest.map_structure(tf.identity, record.x)
-    with tf.GradientTape(persistent=True) as tape:
+    with self._tape() as tape:
       if self.k > 0:
         tape.watch(boundary.differentiable(x))
       h, reg = self._body_forward(x)
     return dataclasses.replace(record, tape=tape, x=x, h=h, reg=reg,
                                state=None)
+
+  def _tape(self):
+    """The tape the body's forward runs under: persistent only where
+    module k takes more than one VJP on it.
+
+    A persistent tape could also differentiate the gradients it computes,
+    so TF differentiates a traced body (`module_functions`) recorded on it
+    as for higher orders: the forward function returns its intermediates
+    and the backward function adds a zero gradient to each of them (a
+    zeros tensor and an AddN per intermediate, every step). One VJP needs
+    neither: on the benchmark MLP (K = 4, width 1,024) that was 9% of a
+    local step's work (docs/results/speed_held/README.md).
+    """
+    return tf.GradientTape(persistent=self.tape_calls > 1)
 
   def backward(self, record, incoming, scales):
     """2. Module k's gradients and the streams it sends to module k-1.
