@@ -452,6 +452,7 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
       micro[m] = profiling.measure_module_costs(trainer, x, y,
                                                 microbatches=m, cores=threads)
     predicted, scaling = None, {}
+    loop, block = trainer.loop_plan()
     if measured_costs is not None:
       devices = 1 + max(module_devices or [0])
       scale = 1.0
@@ -459,7 +460,6 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
         scaling = work_scale(trainer, spec, name, measured_costs,
                              micro.get(m), threads)
         scale = scaling["cost_scale"]
-      loop, block = trainer.loop_plan()
       predicted = predict(
           [c.scaled(scale) for c in measured_costs], name, num_cores,
           threads, module_devices,
@@ -469,7 +469,8 @@ def measure_strategies(spec, strategies, placement, num_cores, threads=1,
     rows[name] = {"measured_step_s": step, "measured_min_s": stats["min"],
                   "measured_max_s": stats["max"],
                   "predicted_step_s": predicted, **scaling,
-                  "examples_per_s": spec.config.run.batch_size / step}
+                  "examples_per_s": spec.config.run.batch_size / step,
+                  "loop": loop, "loop_block": block}
     if m > 1 and m in micro:  # The costs the cell's prediction used.
       rows[name]["microbatch_costs_ms"] = costs_ms(micro[m])
     options = cell_options(name)

@@ -41,9 +41,9 @@ ops before forwards, higher module first. Where a device may run several
 ops at once (`ops_per_device` > 1: logical CPU devices sharing one process's
 inter-op pool), earliest step, then the op made ready last: TF's executor
 runs an op it makes ready on the thread that finished its input, and the
-pool's threads take their own newest task first. Over the 196 cells of
-docs/results/speed_held/*.json this rule predicted 167 within 15% of
-measured (rms log error 0.113) where the device order gave 161 (0.124).
+pool's threads take their own newest task first. Replayed on the 250
+cells of docs/results/speed_held/ (`research.replay_predictions`), this
+rule predicts 221 within 15% of measured where the device order gave 210.
 
 Steady state: the step time is the mean gap between completions of
 consecutive steps (the end of the last op of each step) over the second half

@@ -116,6 +116,8 @@ def test_a_pipeline_cell_is_predicted_from_its_own_microbatch_profile():
   for row in rows.values():
     assert row["measured_step_s"] > 0 and row["serial_step_s"] > 0
     assert row["cost_scale"] == row["serial_step_s"] / row["charged_work_s"]
+  # Each row names the loop its trainer ran (research.replay_predictions).
+  assert (rows["e2e"]["loop"], rows["e2e"]["loop_block"]) == ("while", 1)
 
 
 def test_a_plan_on_one_ops_cores_keeps_the_timed_costs():

@@ -4,7 +4,8 @@ One step of interlocking backpropagation (Gomez et al., 2022,
 arXiv:2010.04116, Alg. 1) over modules M_0..M_{K-1}:
 
 1. Forward. Module k sees x_k = stop_gradient(h_{k-1}) and computes
-   h_k = M_k(x_k) under its own persistent `tf.GradientTape`. Module k < K-1
+   h_k = M_k(x_k) under its own `tf.GradientTape` (persistent where module
+   k takes more than one VJP on it). Module k < K-1
    with an aux head computes L_k = loss(A_k(h_k), y); the last module computes
    the true loss L_{K-1} = loss(h_{K-1}, y).
 2. Aux heads. phi_k always gets dL_k/dphi_k alone. When L_k trains some main
@@ -169,7 +170,7 @@ class InterlockStep:
       h = records[k].h
     # Backward, module K-1 down to 0: module k takes the streams that
     # module k+1 sent across h_k and sends on those that train modules
-    # below it. The records (and their persistent tapes) go on return.
+    # below it. The records (and their tapes) go on return.
     grads, incoming = [None] * num_modules, {}
     for k in reversed(range(num_modules)):
       grads[k], incoming = self.module_steps[k].backward(records[k],

@@ -6,7 +6,8 @@ arXiv:2010.04116, Alg. 1) is the same three parts, here in one class,
 `ModuleStep`, read in order:
 
 1. `forward`: x_k = stop_gradient(h_{k-1}) (`boundary.cut`), h_k = M_k(x_k)
-   under module k's own persistent tape, and module k's own loss L_k: its
+   under module k's own tape (persistent where it takes several VJPs),
+   and module k's own loss L_k: its
    aux head's (phi_k's gradient, and the cotangent dL_k/dh_k when L_k trains
    some theta), or the true loss for the last module.
 2. `backward`: the streams module k + 1 sent across h_k, plus L_k's own;
