@@ -19,11 +19,11 @@ the loop was recorded) is replayed in the loop its name resolves to
 # First: checks the environment and quiets TF before TensorFlow loads.
 from train import runtime_env  # pylint: disable=unused-import,g-bad-import-order
 
-import glob
 import math
 
 from absl import app
 from absl import flags
+import tensorflow as tf
 
 from research import benchmark_lib
 from train import error_boundary
@@ -76,7 +76,7 @@ def summary(ratios):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  paths = sorted(glob.glob(_REPORTS.value or ""))
+  paths = sorted(tf.io.gfile.glob(_REPORTS.value or ""))
   if not paths:
     raise ValueError(f"--reports matches no file. "
                      f"Received: reports={_REPORTS.value!r}")

@@ -125,9 +125,12 @@ class ModuleStep:
     # One gradient call per VJP module k takes on its forward tape: the
     # weight VJP (fused with the input VJP of the stream that also trains
     # theta_k) and one input VJP per other stream it sends down.
+    # When the one stream that trains theta_k also goes on to module k - 1
+    # (always so end to end), one backward pass gives both the weight and
+    # the input VJP and shares the work through the body.
     weight_keys, vjp_keys = plan.weight_keys[k], plan.vjp_keys[k]
-    fused = len(weight_keys) == 1 and weight_keys[0] in vjp_keys
-    self.tape_calls = 1 + len(vjp_keys) - fused
+    self._fused = len(weight_keys) == 1 and weight_keys[0] in vjp_keys
+    self.tape_calls = 1 + len(vjp_keys) - self._fused
     # Module k's update and gradient norm, traced once and called by every
     # unrolled step (see `module_functions`).
     self._apply_traced = functions.add(self._apply, ("update", k))
@@ -312,10 +315,7 @@ class ModuleStep:
       if record.reg is not None:
         targets.append(record.reg)
         target_cots.append(_scaled(tf.ones_like(record.reg), scale))
-      # When the one stream that trains theta_k also goes on to module
-      # k - 1 (always so end to end), one backward pass gives both the
-      # weight and the input VJP and shares the work through the body.
-      fused = len(weight_keys) == 1 and weight_keys[0] in plan.vjp_keys[k]
+      fused = self._fused  # one pass for the weight and input VJP
       sources = body_vars + (inputs if fused else [])
       got = record.tape.gradient(targets, sources,
                                  output_gradients=target_cots)
